@@ -1,0 +1,278 @@
+//! Device configuration: defaults, the builder's fields, and the `SOFTVERBS_DEVICES` syntax.
+//!
+//! `SOFTVERBS_DEVICES` lists devices separated by `;`, each a comma-separated list of
+//! `key=value` pairs (every key optional):
+//!
+//! ```text
+//! SOFTVERBS_DEVICES="name=softverbs0,link=eth,mtu=4096,gid=::ffff:127.0.0.1;name=sv1,link=ib,lid=7"
+//! ```
+//!
+//! Keys: `name`, `link` (`eth`|`ib`), `mtu` (256..4096), `gid` (IPv6 text), `lid`,
+//! `guid` (hex), `ts_bits` (completion timestamp width, 1..64), and the limits `max_qp`,
+//! `max_qp_wr`, `max_sge`, `max_cq`, `max_cqe`, `max_mr`, `max_mr_size`, `max_pd`,
+//! `max_qp_rd_atom`, `max_srq`, `max_srq_wr`, `max_srq_sge`, `max_ah`, `max_inline_data`.
+
+use crate::error::{Error, Result};
+use crate::types::{Gid, LinkLayer, Mtu};
+
+/// The environment variable that configures the software devices of a process.
+pub const ENV_DEVICES: &str = "SOFTVERBS_DEVICES";
+
+/// Resource limits a device enforces and reports through `query_device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_mr_size: u64,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_ah: u32,
+    pub max_inline_data: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_qp: 4096,
+            max_qp_wr: 16384,
+            max_sge: 32,
+            max_cq: 4096,
+            max_cqe: 1 << 20,
+            max_mr: 65536,
+            max_mr_size: 1 << 40,
+            max_pd: 4096,
+            max_qp_rd_atom: 16,
+            max_srq: 1024,
+            max_srq_wr: 16384,
+            max_srq_sge: 32,
+            max_ah: 65536,
+            max_inline_data: 1024,
+        }
+    }
+}
+
+/// Everything that defines a software device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    pub name: String,
+    pub link_layer: LinkLayer,
+    pub active_mtu: Mtu,
+    /// GID table entry 0.
+    pub gid: Gid,
+    /// Port LID (InfiniBand link layer; 0 on Ethernet).
+    pub lid: u16,
+    pub node_guid: u64,
+    /// Width of the device clock in bits (`completion_timestamp_mask`).
+    pub timestamp_bits: u32,
+    pub limits: Limits,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            name: "softverbs0".into(),
+            link_layer: LinkLayer::Ethernet,
+            active_mtu: Mtu::Mtu4096,
+            // RoCEv2-style GID from the IPv4 loopback address.
+            gid: Gid::from(
+                "::ffff:127.0.0.1"
+                    .parse::<std::net::Ipv6Addr>()
+                    .expect("literal"),
+            ),
+            lid: 0,
+            node_guid: 0x0250_56ff_fe00_0001,
+            timestamp_bits: 48,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl DeviceConfig {
+    /// Parses a `SOFTVERBS_DEVICES` value. An empty value means one default device.
+    pub fn parse_list(text: &str) -> Result<Vec<DeviceConfig>> {
+        let specs: Vec<&str> = text
+            .split(';')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        if specs.is_empty() {
+            return Ok(vec![DeviceConfig::default()]);
+        }
+        let mut out = Vec::new();
+        for (i, spec) in specs.iter().enumerate() {
+            let mut cfg = DeviceConfig::default();
+            if i > 0 {
+                // Later devices get distinct defaults so they are distinguishable on the fabric.
+                cfg.name = format!("softverbs{i}");
+                cfg.node_guid += i as u64;
+                let mut gid = cfg.gid.0;
+                gid[15] = gid[15].wrapping_add(i as u8);
+                cfg.gid = Gid(gid);
+            }
+            for pair in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let (k, v) = pair
+                    .split_once('=')
+                    .ok_or_else(|| Error::Config(format!("`{pair}` is not key=value")))?;
+                cfg.set(k.trim(), v.trim())?;
+            }
+            if cfg.link_layer == LinkLayer::InfiniBand && cfg.lid == 0 {
+                cfg.lid = 1 + i as u16;
+            }
+            cfg.validate()?;
+            out.push(cfg);
+        }
+        Ok(out)
+    }
+
+    /// Sets one key as the environment syntax names it.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let bad = |what: &str| Error::Config(format!("{key}={value}: {what}"));
+        let num = |v: &str| -> Result<u64> {
+            let parsed = match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => v.parse(),
+            };
+            parsed.map_err(|_| bad("not a number"))
+        };
+        let n32 =
+            |v: &str| -> Result<u32> { u32::try_from(num(v)?).map_err(|_| bad("out of range")) };
+        let l = &mut self.limits;
+        match key {
+            "name" => {
+                if value.is_empty() || value.len() > 63 || !value.is_ascii() {
+                    return Err(bad("names are 1..63 ASCII characters"));
+                }
+                self.name = value.into();
+            }
+            "link" => {
+                self.link_layer = match value {
+                    "eth" | "ethernet" | "roce" => LinkLayer::Ethernet,
+                    "ib" | "infiniband" => LinkLayer::InfiniBand,
+                    _ => return Err(bad("expected eth or ib")),
+                }
+            }
+            "mtu" => {
+                self.active_mtu = Mtu::from_bytes(n32(value)?)
+                    .ok_or_else(|| bad("expected 256, 512, 1024, 2048 or 4096"))?
+            }
+            "gid" => {
+                self.gid = value
+                    .parse::<std::net::Ipv6Addr>()
+                    .map_err(|_| bad("not an IPv6 address"))?
+                    .into()
+            }
+            "lid" => {
+                self.lid = u16::try_from(num(value)?)
+                    .ok()
+                    .filter(|&l| l != 0 && l < 0xc000)
+                    .ok_or_else(|| bad("unicast LIDs are 1..0xbfff"))?
+            }
+            "guid" => {
+                self.node_guid = u64::from_str_radix(value.trim_start_matches("0x"), 16)
+                    .map_err(|_| bad("expected hex"))?
+            }
+            "ts_bits" => self.timestamp_bits = n32(value)?,
+            "max_qp" => l.max_qp = n32(value)?,
+            "max_qp_wr" => l.max_qp_wr = n32(value)?,
+            "max_sge" => l.max_sge = n32(value)?,
+            "max_cq" => l.max_cq = n32(value)?,
+            "max_cqe" => l.max_cqe = n32(value)?,
+            "max_mr" => l.max_mr = n32(value)?,
+            "max_mr_size" => l.max_mr_size = num(value)?,
+            "max_pd" => l.max_pd = n32(value)?,
+            "max_qp_rd_atom" => l.max_qp_rd_atom = n32(value)?,
+            "max_srq" => l.max_srq = n32(value)?,
+            "max_srq_wr" => l.max_srq_wr = n32(value)?,
+            "max_srq_sge" => l.max_srq_sge = n32(value)?,
+            "max_ah" => l.max_ah = n32(value)?,
+            "max_inline_data" => l.max_inline_data = n32(value)?,
+            _ => return Err(Error::Config(format!("unknown key `{key}`"))),
+        }
+        Ok(())
+    }
+
+    /// Checks that the limits are usable.
+    pub fn validate(&self) -> Result<()> {
+        let l = &self.limits;
+        let ranges: [(&str, u64, u64, u64); 13] = [
+            ("max_qp", l.max_qp.into(), 1, 1 << 20),
+            ("max_qp_wr", l.max_qp_wr.into(), 1, 1 << 20),
+            ("max_sge", l.max_sge.into(), 1, 256),
+            ("max_cq", l.max_cq.into(), 1, 1 << 20),
+            ("max_cqe", l.max_cqe.into(), 1, 1 << 24),
+            ("max_mr", l.max_mr.into(), 1, (1 << 24) - 1),
+            ("max_pd", l.max_pd.into(), 1, 1 << 24),
+            ("max_qp_rd_atom", l.max_qp_rd_atom.into(), 1, 255),
+            ("max_srq", l.max_srq.into(), 1, 1 << 20),
+            ("max_srq_wr", l.max_srq_wr.into(), 1, 1 << 20),
+            ("max_srq_sge", l.max_srq_sge.into(), 1, 256),
+            ("max_ah", l.max_ah.into(), 1, 1 << 24),
+            ("max_inline_data", l.max_inline_data.into(), 0, 1 << 16),
+        ];
+        for (name, v, lo, hi) in ranges {
+            if !(lo..=hi).contains(&v) {
+                return Err(Error::Config(format!("{name}={v} is outside {lo}..={hi}")));
+            }
+        }
+        if l.max_mr_size == 0 {
+            return Err(Error::Config("max_mr_size must be positive".into()));
+        }
+        if !(1..=64).contains(&self.timestamp_bits) {
+            return Err(Error::Config("ts_bits must be 1..=64".into()));
+        }
+        if self.link_layer == LinkLayer::InfiniBand && self.lid == 0 {
+            return Err(Error::Config("an InfiniBand port needs a LID".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_is_one_default_device() {
+        let v = DeviceConfig::parse_list("").unwrap();
+        assert_eq!(v, vec![DeviceConfig::default()]);
+    }
+
+    #[test]
+    fn parses_two_devices() {
+        let v = DeviceConfig::parse_list("name=a,mtu=1024,max_qp=8; link=ib,lid=0x10").unwrap();
+        assert_eq!(v[0].name, "a");
+        assert_eq!(v[0].active_mtu, Mtu::Mtu1024);
+        assert_eq!(v[0].limits.max_qp, 8);
+        assert_eq!(v[1].name, "softverbs1");
+        assert_eq!(v[1].link_layer, LinkLayer::InfiniBand);
+        assert_eq!(v[1].lid, 16);
+        assert_ne!(v[0].gid, v[1].gid);
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        for bad in [
+            "mtu=1500",
+            "nokey",
+            "frob=1",
+            "max_qp=0",
+            "max_sge=x",
+            "lid=0",
+            "gid=zz",
+            "ts_bits=65",
+            "max_qp=99999999999",
+        ] {
+            assert!(
+                matches!(DeviceConfig::parse_list(bad), Err(Error::Config(_))),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! Completion queues: a [`Ring`] of [`Cqe`]s plus arming and completion channels.
+
+use crate::error::{Error, Result, inval};
+use crate::event::{AsyncEvent, EventElement, EventQueue};
+use crate::ring::{Ring, SlotPayload};
+use crate::types::{AsyncEventType, WcFlags, WcOpcode, WcStatus};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+
+/// One completion as stored in a CQ ring (56 bytes; 64 with the slot's sequence word).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cqe {
+    pub wr_id: u64,
+    /// Raw device-clock value when the completion happened.
+    pub timestamp: u64,
+    pub byte_len: u32,
+    /// Immediate data exactly as the sender passed it (verbs treats it as opaque `__be32`).
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub vendor_err: u32,
+    /// Send side: low 32 bits of the work request's sequence number, used to free SQ slots.
+    pub wqe_seq: u32,
+    pub slid: u16,
+    pub pkey_index: u16,
+    /// [`WcStatus`] value.
+    pub status: u8,
+    /// [`WcOpcode`] value (only the low byte of RECV's 128/129 matters: they fit).
+    pub opcode: u8,
+    /// [`WcFlags`] bits.
+    pub wc_flags: u8,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+    /// Receive side: the message was sent with the solicited-event bit.
+    pub solicited: u8,
+    pub _reserved: [u8; 6],
+}
+
+// SAFETY: repr(C) integers only.
+unsafe impl SlotPayload for Cqe {}
+
+impl Cqe {
+    /// The status as an enum (unknown values read as a general error).
+    pub fn status(&self) -> WcStatus {
+        WcStatus::from_raw(u32::from(self.status)).unwrap_or(WcStatus::GeneralErr)
+    }
+    /// The opcode as an enum.
+    pub fn opcode(&self) -> WcOpcode {
+        let raw = u32::from(self.opcode);
+        WcOpcode::from_raw(raw).unwrap_or(WcOpcode::Send)
+    }
+    /// The completion flags.
+    pub fn flags(&self) -> WcFlags {
+        WcFlags::from_bits_retain(u32::from(self.wc_flags))
+    }
+    /// True for completions of the receive side.
+    pub fn is_recv(&self) -> bool {
+        self.opcode & 0x80 != 0
+    }
+}
+
+const ARM_NONE: u32 = 0;
+const ARM_NEXT: u32 = 1;
+const ARM_SOLICITED: u32 = 2;
+// Header words of the ring that belong to the CQ.
+const W_ARM: usize = 0;
+const W_OVERRUN: usize = 1;
+
+/// A completion channel: CQs armed on it queue themselves here when they have news.
+pub struct Channel {
+    events: EventQueue<Weak<Cq>>,
+}
+
+impl Channel {
+    /// A new channel.
+    pub fn new() -> Result<Arc<Channel>> {
+        Ok(Arc::new(Channel {
+            events: EventQueue::new()?,
+        }))
+    }
+
+    /// The channel's file descriptor: readable while an event is waiting.
+    pub fn fd(&self) -> rustix::fd::BorrowedFd<'_> {
+        self.events.fd()
+    }
+
+    /// The next CQ that raised an event; with `blocking`, waits for one.
+    pub fn get_event(&self, blocking: bool) -> Result<Arc<Cq>> {
+        loop {
+            if let Some(cq) = self.events.pop(blocking)?.upgrade() {
+                cq.events_delivered.fetch_add(1, Ordering::Relaxed);
+                return Ok(cq);
+            }
+        }
+    }
+}
+
+/// A completion queue.
+pub struct Cq {
+    id: u32,
+    ring: RwLock<Ring>,
+    channel: Option<Arc<Channel>>,
+    async_events: Arc<EventQueue<AsyncEvent>>,
+    retire: Arc<dyn Fn(u32, u32) + Send + Sync>,
+    me: Weak<Cq>,
+    clock: crate::clock::Clock,
+    events_delivered: AtomicU32,
+    events_acked: AtomicU32,
+    _count: Option<crate::device::Counted>,
+}
+
+impl Cq {
+    /// Creates a CQ with room for at least `cqe` completions.
+    ///
+    /// `retire(qpn, wqe_seq)` is called for every send-side completion polled, so the QP can
+    /// free its send-queue slots the way hardware does: when the completion is consumed.
+    pub(crate) fn new(
+        id: u32,
+        cqe: u32,
+        channel: Option<Arc<Channel>>,
+        async_events: Arc<EventQueue<AsyncEvent>>,
+        retire: Arc<dyn Fn(u32, u32) + Send + Sync>,
+        clock: crate::clock::Clock,
+        count: Option<crate::device::Counted>,
+    ) -> Result<Arc<Cq>> {
+        let ring = Ring::new("softverbs-cq", cqe, std::mem::size_of::<Cqe>())?;
+        Ok(Arc::new_cyclic(|me| Cq {
+            id,
+            ring: RwLock::new(ring),
+            channel,
+            async_events,
+            retire,
+            me: me.clone(),
+            clock,
+            events_delivered: AtomicU32::new(0),
+            events_acked: AtomicU32::new(0),
+            _count: count,
+        }))
+    }
+
+    /// Device-wide id of this CQ.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Completions the CQ can hold.
+    pub fn capacity(&self) -> u32 {
+        self.read_ring().capacity()
+    }
+
+    fn read_ring(&self) -> std::sync::RwLockReadGuard<'_, Ring> {
+        self.ring.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The device clock this CQ stamps completions with.
+    pub fn clock(&self) -> &crate::clock::Clock {
+        &self.clock
+    }
+
+    /// Adds a completion, stamping it with the device clock. On overrun the completion is
+    /// lost and the CQ reports an `IBV_EVENT_CQ_ERR` async event (once).
+    pub fn push(&self, mut cqe: Cqe) {
+        cqe.timestamp = self.clock.now_raw();
+        let ring = self.read_ring();
+        if ring.push(&cqe).is_err() {
+            if ring.user_words()[W_OVERRUN].swap(1, Ordering::AcqRel) == 0 {
+                self.async_events.push(AsyncEvent {
+                    kind: AsyncEventType::CqErr,
+                    element: EventElement::Cq(self.id),
+                });
+            }
+            return;
+        }
+        // SeqCst pairs with `req_notify`: either we see the arm, or the consumer's re-poll
+        // after arming sees this completion.
+        let arm = &ring.user_words()[W_ARM];
+        let armed = arm.load(Ordering::SeqCst);
+        let wanted = armed == ARM_NEXT
+            || (armed == ARM_SOLICITED
+                && (cqe.solicited != 0 || cqe.status != WcStatus::Success as u8));
+        if wanted && arm.swap(ARM_NONE, Ordering::SeqCst) != ARM_NONE {
+            drop(ring);
+            if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
+                ch.events.push(Arc::downgrade(&me));
+            }
+        }
+    }
+
+    /// Moves up to `out.len()` completions into `out`; returns how many.
+    pub fn poll(&self, out: &mut [Cqe]) -> usize {
+        let mut n = 0;
+        self.poll_with(out.len(), |c| {
+            out[n] = c;
+            n += 1;
+        });
+        n
+    }
+
+    /// Hands up to `max` completions, oldest first, to `f`; returns how many.
+    pub fn poll_with(&self, max: usize, mut f: impl FnMut(Cqe)) -> usize {
+        let ring = self.read_ring();
+        let mut n = 0;
+        while n < max {
+            let Some(c) = ring.pop::<Cqe>() else { break };
+            if !c.is_recv() {
+                (self.retire)(c.qp_num, c.wqe_seq);
+            }
+            f(c);
+            n += 1;
+        }
+        n
+    }
+
+    /// Arms the CQ: the next completion (or, with `solicited_only`, the next solicited or
+    /// error completion) queues an event on the channel.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.channel.is_none() {
+            return Err(inval("CQ has no completion channel"));
+        }
+        let want = if solicited_only {
+            ARM_SOLICITED
+        } else {
+            ARM_NEXT
+        };
+        let ring = self.read_ring();
+        let arm = &ring.user_words()[W_ARM];
+        // Arming for "next" overrides a "solicited" arm, never the reverse.
+        let _ = arm.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+            (cur != ARM_NEXT).then_some(want)
+        });
+        Ok(())
+    }
+
+    /// Acknowledges `n` events taken from the channel.
+    pub fn ack_events(&self, n: u32) {
+        self.events_acked.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Events taken from the channel but not yet acknowledged.
+    pub fn unacked_events(&self) -> u32 {
+        self.events_delivered
+            .load(Ordering::Relaxed)
+            .wrapping_sub(self.events_acked.load(Ordering::Relaxed))
+    }
+
+    /// True once a completion has been lost to overrun.
+    pub fn overrun(&self) -> bool {
+        self.read_ring().user_words()[W_OVERRUN].load(Ordering::Acquire) != 0
+    }
+
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> u32 {
+        self.read_ring().len()
+    }
+
+    /// True when nothing waits to be polled.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Changes the capacity to at least `cqe`, keeping queued completions.
+    pub fn resize(&self, cqe: u32) -> Result<u32> {
+        let mut ring = self.ring.write().unwrap_or_else(|e| e.into_inner());
+        if cqe < ring.len() {
+            return Err(inval(format!(
+                "resize to {cqe} entries but {} completions are queued",
+                ring.len()
+            )));
+        }
+        let new = Ring::new("softverbs-cq", cqe, std::mem::size_of::<Cqe>())?;
+        for (w_new, w_old) in new.user_words().iter().zip(ring.user_words()) {
+            w_new.store(w_old.load(Ordering::Acquire), Ordering::Release);
+        }
+        while let Some(c) = ring.pop::<Cqe>() {
+            if new.push(&c).is_err() {
+                return Err(Error::NoResources("resized CQ is too small".into()));
+            }
+        }
+        *ring = new;
+        Ok(ring.capacity())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cq(cqe: u32, ch: Option<Arc<Channel>>) -> (Arc<Cq>, Arc<EventQueue<AsyncEvent>>) {
+        let ev = Arc::new(EventQueue::new().unwrap());
+        let c = Cq::new(
+            1,
+            cqe,
+            ch,
+            ev.clone(),
+            Arc::new(|_, _| {}),
+            crate::clock::Clock::new(64),
+            None,
+        )
+        .unwrap();
+        (c, ev)
+    }
+
+    #[test]
+    fn cqe_fits_one_cache_line_with_its_sequence() {
+        assert_eq!(std::mem::size_of::<Cqe>(), 56);
+    }
+
+    #[test]
+    fn overrun_raises_one_async_event() {
+        let (c, ev) = cq(2, None);
+        for i in 0..5 {
+            c.push(Cqe {
+                wr_id: i,
+                ..Default::default()
+            });
+        }
+        assert!(c.overrun());
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev.pop(false).unwrap().kind, AsyncEventType::CqErr);
+        let mut out = [Cqe::default(); 8];
+        assert_eq!(c.poll(&mut out), 2);
+    }
+
+    #[test]
+    fn solicited_arm_ignores_unsolicited() {
+        let ch = Channel::new().unwrap();
+        let (c, _) = cq(16, Some(ch.clone()));
+        c.req_notify(true).unwrap();
+        c.push(Cqe::default());
+        assert!(ch.get_event(false).is_err());
+        c.push(Cqe {
+            solicited: 1,
+            ..Default::default()
+        });
+        assert_eq!(ch.get_event(false).unwrap().id(), 1);
+        // Disarmed after firing.
+        c.push(Cqe {
+            solicited: 1,
+            ..Default::default()
+        });
+        assert!(ch.get_event(false).is_err());
+        assert_eq!(c.unacked_events(), 1);
+        c.ack_events(1);
+        assert_eq!(c.unacked_events(), 0);
+    }
+
+    #[test]
+    fn resize_keeps_completions() {
+        let (c, _) = cq(4, None);
+        for i in 0..3 {
+            c.push(Cqe {
+                wr_id: i,
+                ..Default::default()
+            });
+        }
+        assert!(c.resize(2).is_err());
+        assert!(c.resize(100).unwrap() >= 100);
+        let mut out = [Cqe::default(); 8];
+        assert_eq!(c.poll(&mut out), 3);
+        assert_eq!(out[2].wr_id, 2);
+    }
+}

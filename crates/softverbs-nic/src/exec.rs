@@ -1,0 +1,472 @@
+//! Requester and responder logic: one work request executed against its target QP.
+//!
+//! The initiator runs both halves. It checks its own SGEs, finds the responder QP, checks the
+//! responder's rules (state, QP access rights, key, PD, bounds, posted receive) and only then
+//! moves bytes, through `mem`. Every failure becomes a completion status on the side that the
+//! verbs specification charges with it, and the responder side of an RC error also moves the
+//! responder QP to ERR with its async event.
+
+use crate::cq::Cqe;
+use crate::device::MAX_MSG_SIZE;
+use crate::keys::{KeyError, KeyTable, Pin};
+use crate::mem::{self, AtomicOp, Span};
+use crate::qp::{Outcome, Qp, SendState};
+use crate::types::{
+    AccessFlags, AsyncEventType, LinkLayer, QpType, SendFlags, WcFlags, WcOpcode, WcStatus,
+};
+use crate::wr::{Payload, SendOp, SendWqe};
+use std::sync::Arc;
+
+/// Bytes reserved at the start of every UD receive buffer for the GRH.
+pub const GRH_LEN: usize = 40;
+
+/// Pinned spans of one side of a transfer.
+struct Spans<'k> {
+    spans: Vec<Span>,
+    _pins: Vec<Pin<'k>>,
+    len: u64,
+}
+
+fn pin_sges<'k>(
+    keys: &'k KeyTable,
+    pd: u32,
+    sges: &[crate::types::Sge],
+    need: AccessFlags,
+) -> Result<Spans<'k>, KeyError> {
+    let mut spans = Vec::with_capacity(sges.len());
+    let mut pins = Vec::with_capacity(sges.len());
+    let mut len = 0u64;
+    for s in sges.iter().filter(|s| s.length > 0) {
+        let pin = keys.pin(s.lkey, pd, s.addr, u64::from(s.length), need)?;
+        spans.push(Span {
+            addr: pin.host,
+            len: s.length as usize,
+        });
+        pins.push(pin);
+        len += u64::from(s.length);
+    }
+    Ok(Spans {
+        spans,
+        _pins: pins,
+        len,
+    })
+}
+
+impl Qp {
+    fn local<'a>(
+        &'a self,
+        payload: &'a Payload<'_>,
+        need: AccessFlags,
+    ) -> Result<Spans<'a>, WcStatus> {
+        match payload {
+            Payload::Inline(bytes) => Ok(Spans {
+                spans: vec![Span::of(bytes)],
+                _pins: Vec::new(),
+                len: bytes.len() as u64,
+            }),
+            Payload::Sges(sges) => {
+                pin_sges(&self.dev.keys, self.pd.id, sges, need).map_err(|_| WcStatus::LocProtErr)
+            }
+        }
+    }
+
+    /// The connected responder, if it is on this host and accepting messages.
+    fn peer(&self, st: &mut SendState) -> Option<Arc<Qp>> {
+        let dest = st.attr.dest_qp_num;
+        let cached = st.peer.upgrade().filter(|p| p.qpn == dest);
+        let peer = match cached {
+            Some(p) => p,
+            None => {
+                let p = st.peer_dev.upgrade()?.find_qp(dest)?;
+                st.peer = Arc::downgrade(&p);
+                p
+            }
+        };
+        (peer.qp_type == self.qp_type && peer.receiving() && self.dev.port_active()).then_some(peer)
+    }
+
+    /// A message that reached no one: RC waits for an ACK that never comes; UC and UD
+    /// complete successfully, as their packets are simply lost.
+    fn lost(&self, len: u64) -> Outcome {
+        match self.qp_type {
+            QpType::Rc => Outcome::NoAck,
+            _ => Outcome::Done(WcStatus::Success, len as u32),
+        }
+    }
+
+    /// Responder-side error: RC reports `status` to the requester and moves the responder to
+    /// ERR; UC drops the message silently.
+    fn remote_error(
+        &self,
+        target: &Qp,
+        status: WcStatus,
+        event: Option<AsyncEventType>,
+        len: u64,
+    ) -> Outcome {
+        if self.qp_type == QpType::Rc {
+            target.responder_error(event);
+            Outcome::Done(status, 0)
+        } else {
+            Outcome::Done(WcStatus::Success, len as u32)
+        }
+    }
+
+    pub(crate) fn execute(&self, st: &mut SendState, w: &SendWqe<'_>) -> Outcome {
+        let need = if w.op.writes_local() {
+            AccessFlags::LOCAL_WRITE
+        } else {
+            AccessFlags::empty()
+        };
+        let local = match self.local(&w.payload, need) {
+            Ok(l) => l,
+            Err(status) => return Outcome::Done(status, 0),
+        };
+        if local.len > u64::from(MAX_MSG_SIZE) {
+            return Outcome::Done(WcStatus::LocLenErr, 0);
+        }
+        if self.qp_type == QpType::Ud {
+            return self.execute_ud(st, w, &local);
+        }
+        let Some(target) = self.peer(st) else {
+            return self.lost(local.len);
+        };
+        let len = local.len;
+        let access = target.access();
+        match w.op {
+            SendOp::Send | SendOp::SendWithImm { .. } => {
+                self.deliver_send(&target, w, &local.spans, len, None)
+            }
+            SendOp::RdmaWrite { remote_addr, rkey }
+            | SendOp::RdmaWriteWithImm {
+                remote_addr, rkey, ..
+            } => {
+                if !access.contains(AccessFlags::REMOTE_WRITE) {
+                    return self.remote_error(
+                        &target,
+                        WcStatus::RemInvReqErr,
+                        Some(AsyncEventType::QpReqErr),
+                        len,
+                    );
+                }
+                let remote = if len > 0 {
+                    match target.dev.keys.pin(
+                        rkey,
+                        target.pd.id,
+                        remote_addr,
+                        len,
+                        AccessFlags::REMOTE_WRITE,
+                    ) {
+                        Ok(p) => Some(p),
+                        Err(_) => {
+                            return self.remote_error(
+                                &target,
+                                WcStatus::RemAccessErr,
+                                Some(AsyncEventType::QpAccessErr),
+                                len,
+                            );
+                        }
+                    }
+                } else {
+                    None
+                };
+                let wqe = match w.op.imm() {
+                    Some(_) => match target.take_recv() {
+                        Some(r) => Some(r),
+                        None => return self.no_receive(&target, len),
+                    },
+                    None => None,
+                };
+                if let Some(p) = &remote {
+                    let dst = [Span {
+                        addr: p.host,
+                        len: len as usize,
+                    }];
+                    // SAFETY: source spans are pinned local registrations or inline bytes we
+                    // own; the destination was checked against the responder's key table and
+                    // is pinned for the copy.
+                    unsafe { mem::copy_ordered(&local.spans, &dst) };
+                }
+                if let (Some(r), Some(imm)) = (wqe, w.op.imm()) {
+                    target.recv_cq.push(Cqe {
+                        wr_id: r.wr_id,
+                        status: WcStatus::Success as u8,
+                        opcode: WcOpcode::RecvRdmaWithImm as u8,
+                        byte_len: len as u32,
+                        imm_data: imm,
+                        wc_flags: WcFlags::WITH_IMM.bits() as u8,
+                        ..self.recv_cqe_base(&target, w)
+                    });
+                }
+                Outcome::Done(WcStatus::Success, len as u32)
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                if !access.contains(AccessFlags::REMOTE_READ) {
+                    return self.remote_error(
+                        &target,
+                        WcStatus::RemInvReqErr,
+                        Some(AsyncEventType::QpReqErr),
+                        len,
+                    );
+                }
+                if len > 0 {
+                    let Ok(p) = target.dev.keys.pin(
+                        rkey,
+                        target.pd.id,
+                        remote_addr,
+                        len,
+                        AccessFlags::REMOTE_READ,
+                    ) else {
+                        return self.remote_error(
+                            &target,
+                            WcStatus::RemAccessErr,
+                            Some(AsyncEventType::QpAccessErr),
+                            len,
+                        );
+                    };
+                    let src = [Span {
+                        addr: p.host,
+                        len: len as usize,
+                    }];
+                    // SAFETY: the source is pinned in the responder's registration with
+                    // REMOTE_READ; the destinations are pinned local registrations with
+                    // LOCAL_WRITE.
+                    unsafe { mem::copy_ordered(&src, &local.spans) };
+                }
+                Outcome::Done(WcStatus::Success, len as u32)
+            }
+            SendOp::CmpSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => self.atomic(
+                &target,
+                remote_addr,
+                rkey,
+                AtomicOp::CmpSwap { compare, swap },
+                &local,
+            ),
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => self.atomic(
+                &target,
+                remote_addr,
+                rkey,
+                AtomicOp::FetchAdd { add },
+                &local,
+            ),
+        }
+    }
+
+    fn atomic(
+        &self,
+        target: &Qp,
+        remote_addr: u64,
+        rkey: u32,
+        op: AtomicOp,
+        local: &Spans<'_>,
+    ) -> Outcome {
+        let len = local.len;
+        if !target.access().contains(AccessFlags::REMOTE_ATOMIC) {
+            return self.remote_error(
+                target,
+                WcStatus::RemInvReqErr,
+                Some(AsyncEventType::QpReqErr),
+                len,
+            );
+        }
+        let Ok(p) = target.dev.keys.pin(
+            rkey,
+            target.pd.id,
+            remote_addr,
+            8,
+            AccessFlags::REMOTE_ATOMIC,
+        ) else {
+            return self.remote_error(
+                target,
+                WcStatus::RemAccessErr,
+                Some(AsyncEventType::QpAccessErr),
+                len,
+            );
+        };
+        // post_send rejects unaligned remote IOVAs, but a region registered at an IOVA with a
+        // different alignment than its address could still map to an unaligned host address.
+        if p.host % 8 != 0 {
+            return self.remote_error(
+                target,
+                WcStatus::RemInvReqErr,
+                Some(AsyncEventType::QpReqErr),
+                len,
+            );
+        }
+        // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration.
+        let original = unsafe { mem::atomic(p.host, op) };
+        let bytes = original.to_ne_bytes();
+        // SAFETY: the destination spans are pinned local LOCAL_WRITE registrations totalling
+        // 8 bytes (checked at post).
+        unsafe { mem::copy_ordered(&[Span::of(&bytes)], &local.spans) };
+        Outcome::Done(WcStatus::Success, 8)
+    }
+
+    /// RC: no receive posted means an RNR NAK; UC: the message is dropped.
+    fn no_receive(&self, target: &Qp, len: u64) -> Outcome {
+        match self.qp_type {
+            QpType::Rc => Outcome::Rnr(target.rnr_delay()),
+            _ => Outcome::Done(WcStatus::Success, len as u32),
+        }
+    }
+
+    fn recv_cqe_base(&self, target: &Qp, w: &SendWqe<'_>) -> Cqe {
+        let lid = match self.dev.config.link_layer {
+            LinkLayer::InfiniBand => self.dev.config.lid,
+            LinkLayer::Ethernet => 0,
+        };
+        Cqe {
+            qp_num: target.qpn,
+            src_qp: self.qpn,
+            slid: lid,
+            solicited: u8::from(w.flags.contains(SendFlags::SOLICITED)),
+            ..Cqe::default()
+        }
+    }
+
+    /// Delivers a SEND into the target's next receive. `grh` is prepended for UD.
+    fn deliver_send(
+        &self,
+        target: &Qp,
+        w: &SendWqe<'_>,
+        src: &[Span],
+        len: u64,
+        grh: Option<(&[u8; GRH_LEN], bool)>,
+    ) -> Outcome {
+        let Some(r) = target.take_recv() else {
+            return self.no_receive(target, len);
+        };
+        let (mut flags, imm) = match w.op.imm() {
+            Some(imm) => (WcFlags::WITH_IMM, imm),
+            None => (WcFlags::empty(), 0),
+        };
+        let base = self.recv_cqe_base(target, w);
+        let fail = |status: WcStatus| {
+            target.recv_cq.push(Cqe {
+                wr_id: r.wr_id,
+                status: status as u8,
+                opcode: WcOpcode::Recv as u8,
+                ..base
+            });
+        };
+        let dst = match pin_sges(
+            &target.dev.keys,
+            target.recv_pd(),
+            &r.sges,
+            AccessFlags::LOCAL_WRITE,
+        ) {
+            Ok(d) => d,
+            Err(_) => {
+                fail(WcStatus::LocProtErr);
+                if self.qp_type == QpType::Ud {
+                    return Outcome::Done(WcStatus::Success, len as u32);
+                }
+                target.responder_error(None);
+                return match self.qp_type {
+                    QpType::Rc => Outcome::Done(WcStatus::RemOpErr, 0),
+                    _ => Outcome::Done(WcStatus::Success, len as u32),
+                };
+            }
+        };
+        let mut sources: Vec<Span> = Vec::with_capacity(src.len() + 1);
+        let mut total = len;
+        if let Some((g, present)) = grh {
+            sources.push(Span::of(g));
+            total += GRH_LEN as u64;
+            if present {
+                flags |= WcFlags::GRH;
+            }
+        }
+        sources.extend_from_slice(src);
+        if dst.len < total {
+            fail(WcStatus::LocLenErr);
+            if self.qp_type == QpType::Ud {
+                return Outcome::Done(WcStatus::Success, len as u32);
+            }
+            target.responder_error(None);
+            return match self.qp_type {
+                QpType::Rc => Outcome::Done(WcStatus::RemInvReqErr, 0),
+                _ => Outcome::Done(WcStatus::Success, len as u32),
+            };
+        }
+        // SAFETY: sources are pinned local registrations, inline bytes or the GRH buffer; the
+        // destinations are the receiver's registrations, checked with LOCAL_WRITE and pinned.
+        unsafe { mem::copy_ordered(&sources, &dst.spans) };
+        target.recv_cq.push(Cqe {
+            wr_id: r.wr_id,
+            status: WcStatus::Success as u8,
+            opcode: WcOpcode::Recv as u8,
+            byte_len: total as u32,
+            imm_data: imm,
+            wc_flags: flags.bits() as u8,
+            ..base
+        });
+        Outcome::Done(WcStatus::Success, len as u32)
+    }
+
+    fn execute_ud(&self, st: &SendState, w: &SendWqe<'_>, local: &Spans<'_>) -> Outcome {
+        let Some(ud) = &w.ud else {
+            return Outcome::Done(WcStatus::LocQpOpErr, 0);
+        };
+        let len = local.len;
+        if len
+            > u64::from(
+                st.attr
+                    .path_mtu
+                    .bytes()
+                    .min(self.dev.config.active_mtu.bytes()),
+            )
+        {
+            return Outcome::Done(WcStatus::LocLenErr, 0);
+        }
+        let delivered = Outcome::Done(WcStatus::Success, len as u32);
+        if !self.dev.port_active() {
+            return delivered;
+        }
+        let Some(target) = ud
+            .ah
+            .target
+            .upgrade()
+            .and_then(|d| d.find_qp(ud.remote_qpn))
+            .filter(|t| t.qp_type == QpType::Ud && t.receiving())
+        else {
+            return delivered;
+        };
+        // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
+        let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+            st.attr.qkey
+        } else {
+            ud.remote_qkey
+        };
+        if qkey != target.qkey() {
+            return delivered;
+        }
+        let present = ud.ah.attr.grh.is_some() || self.dev.config.link_layer == LinkLayer::Ethernet;
+        let grh = build_grh(self, &target, &ud.ah.attr, len);
+        self.deliver_send(&target, w, &local.spans, len, Some((&grh, present)))
+    }
+}
+
+/// The 40-byte IBA global route header a UD receiver finds before the payload.
+fn build_grh(src: &Qp, dst: &Qp, av: &crate::types::AhAttr, len: u64) -> [u8; GRH_LEN] {
+    let mut g = [0u8; GRH_LEN];
+    let (tclass, flow, hop) = av
+        .grh
+        .map_or((0, 0, 64), |r| (r.traffic_class, r.flow_label, r.hop_limit));
+    let word0: u32 = 6 << 28 | u32::from(tclass) << 20 | (flow & 0xf_ffff);
+    g[0..4].copy_from_slice(&word0.to_be_bytes());
+    g[4..6].copy_from_slice(&(len as u16).to_be_bytes());
+    g[6] = 0x1b; // next header: IBA transport
+    g[7] = hop;
+    g[8..24].copy_from_slice(&src.dev.config.gid.0);
+    g[24..40].copy_from_slice(&dst.dev.config.gid.0);
+    g
+}

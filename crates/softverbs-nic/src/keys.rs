@@ -1,0 +1,288 @@
+//! The memory-key table: one entry per registered memory region, in a shared segment.
+//!
+//! A key is `index << 8 | generation`, so a stale key (the slot was reused) never matches.
+//! Readers pin an entry (count themselves in `users`) before touching its memory, and
+//! deregistration waits until no one is pinned, so the bytes behind a key stay valid for the
+//! whole access even if the owner deregisters concurrently.
+
+use crate::error::{Error, Result};
+use crate::shm::{Segment, ShmPlain};
+use crate::types::AccessFlags;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+const FREE: u32 = 0;
+const VALID: u32 = 1;
+const DYING: u32 = 2;
+const HEADER: usize = 64;
+const MAGIC: u32 = 0x4b45_5953; // "KEYS"
+const VERSION: u32 = 1;
+
+/// One registered region, as any process mapping the table sees it.
+#[repr(C)]
+pub struct KeyEntry {
+    state: AtomicU32,
+    users: AtomicU32,
+    key: AtomicU32,
+    pd: AtomicU32,
+    access: AtomicU32,
+    owner_pid: AtomicU32,
+    /// Address of the first byte in the owner's address space.
+    addr: AtomicU64,
+    length: AtomicU64,
+    /// IOVA of the first byte (0 for zero-based regions).
+    iova: AtomicU64,
+    _reserved: [AtomicU64; 2],
+}
+
+// SAFETY: repr(C), atomics only, valid when zero (state FREE).
+unsafe impl ShmPlain for KeyEntry {}
+
+/// Why a key check failed; the caller maps it to the completion status of its side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyError {
+    /// No region has this key (never registered, deregistered, or stale).
+    Invalid,
+    /// The region belongs to another protection domain.
+    WrongPd,
+    /// The region does not grant the access needed.
+    Access,
+    /// The range is not inside the region.
+    Bounds,
+}
+
+/// A registered region's attributes, as registration recorded them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub key: u32,
+    pub pd: u32,
+    pub access: AccessFlags,
+    pub addr: u64,
+    pub length: u64,
+    pub iova: u64,
+}
+
+/// The device's key table.
+pub struct KeyTable {
+    seg: Segment,
+    capacity: u32,
+    free: Mutex<Vec<u32>>,
+}
+
+/// A pinned range of a region: its bytes stay registered until this is dropped.
+pub struct Pin<'a> {
+    entry: &'a KeyEntry,
+    /// Host address of the first byte of the checked range.
+    pub host: usize,
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        self.entry.users.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl KeyTable {
+    /// A table for `capacity` regions.
+    pub fn new(capacity: u32) -> Result<KeyTable> {
+        let capacity = capacity.clamp(1, (1 << 24) - 1);
+        let seg = Segment::create(
+            "softverbs-keys",
+            HEADER + (capacity as usize + 1) * std::mem::size_of::<KeyEntry>(),
+        )?;
+        let header: &[AtomicU32] = seg.slice(0, 3);
+        header[0].store(MAGIC, Ordering::Relaxed);
+        header[1].store(VERSION, Ordering::Relaxed);
+        header[2].store(capacity, Ordering::Relaxed);
+        // Index 0 is never handed out, so no key is 0.
+        let free = (1..=capacity).rev().collect();
+        Ok(KeyTable {
+            seg,
+            capacity,
+            free: Mutex::new(free),
+        })
+    }
+
+    fn entry(&self, index: u32) -> Option<&KeyEntry> {
+        if index == 0 || index > self.capacity {
+            return None;
+        }
+        Some(
+            self.seg
+                .at(HEADER + index as usize * std::mem::size_of::<KeyEntry>()),
+        )
+    }
+
+    /// Records a region and returns its key.
+    pub fn register(
+        &self,
+        pd: u32,
+        addr: u64,
+        length: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<u32> {
+        let index = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .ok_or_else(|| Error::NoResources("memory-region table is full (max_mr)".into()))?;
+        let e = self.entry(index).expect("free list holds valid indices");
+        let generation = (e.key.load(Ordering::Relaxed).wrapping_add(1)) & 0xff;
+        let key = index << 8 | generation;
+        e.key.store(key, Ordering::Relaxed);
+        e.pd.store(pd, Ordering::Relaxed);
+        e.access.store(access.bits(), Ordering::Relaxed);
+        e.owner_pid.store(std::process::id(), Ordering::Relaxed);
+        e.addr.store(addr, Ordering::Relaxed);
+        e.length.store(length, Ordering::Relaxed);
+        e.iova.store(iova, Ordering::Relaxed);
+        e.state.store(VALID, Ordering::Release);
+        Ok(key)
+    }
+
+    /// Invalidates `key`, waiting for in-flight accesses through it to finish.
+    pub fn deregister(&self, key: u32) -> Result<()> {
+        let e = self
+            .entry(key >> 8)
+            .filter(|e| e.key.load(Ordering::Acquire) == key)
+            .ok_or_else(|| Error::NotFound(format!("memory key {key:#x}")))?;
+        if e.state
+            .compare_exchange(VALID, DYING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return Err(Error::NotFound(format!("memory key {key:#x}")));
+        }
+        // Pins are held only for the duration of one copy, so this wait is short.
+        while e.users.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        e.state.store(FREE, Ordering::Release);
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(key >> 8);
+        Ok(())
+    }
+
+    /// What registration recorded for `key`, if it is valid.
+    pub fn info(&self, key: u32) -> Option<KeyInfo> {
+        let e = self.entry(key >> 8)?;
+        if e.state.load(Ordering::Acquire) != VALID || e.key.load(Ordering::Relaxed) != key {
+            return None;
+        }
+        Some(KeyInfo {
+            key,
+            pd: e.pd.load(Ordering::Relaxed),
+            access: AccessFlags::from_bits_retain(e.access.load(Ordering::Relaxed)),
+            addr: e.addr.load(Ordering::Relaxed),
+            length: e.length.load(Ordering::Relaxed),
+            iova: e.iova.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Checks that `[iova, iova + len)` lies in the region of `key`, owned by `pd`, granting
+    /// `need`, and pins it.
+    pub fn pin(
+        &self,
+        key: u32,
+        pd: u32,
+        iova: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<Pin<'_>, KeyError> {
+        let e = self.entry(key >> 8).ok_or(KeyError::Invalid)?;
+        e.users.fetch_add(1, Ordering::SeqCst);
+        let mut pin = Pin { entry: e, host: 0 };
+        if e.state.load(Ordering::SeqCst) != VALID || e.key.load(Ordering::Relaxed) != key {
+            return Err(KeyError::Invalid);
+        }
+        if e.pd.load(Ordering::Relaxed) != pd {
+            return Err(KeyError::WrongPd);
+        }
+        if !AccessFlags::from_bits_retain(e.access.load(Ordering::Relaxed)).contains(need) {
+            return Err(KeyError::Access);
+        }
+        let base = e.iova.load(Ordering::Relaxed);
+        let length = e.length.load(Ordering::Relaxed);
+        let offset = iova.checked_sub(base).ok_or(KeyError::Bounds)?;
+        let end = offset.checked_add(len).ok_or(KeyError::Bounds)?;
+        if end > length {
+            return Err(KeyError::Bounds);
+        }
+        let host = e.addr.load(Ordering::Relaxed) + offset;
+        pin.host = usize::try_from(host).map_err(|_| KeyError::Bounds)?;
+        Ok(pin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_pin_deregister() {
+        let t = KeyTable::new(4).unwrap();
+        let acc = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+        let k = t.register(7, 0x1000, 100, 0x5000, acc).unwrap();
+        assert_ne!(k, 0);
+        let p = t.pin(k, 7, 0x5010, 84, AccessFlags::REMOTE_READ).unwrap();
+        assert_eq!(p.host, 0x1010);
+        drop(p);
+        assert_eq!(t.entry(k >> 8).unwrap().users.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            t.pin(k, 7, 0x5010, 85, AccessFlags::empty()).err(),
+            Some(KeyError::Bounds)
+        );
+        assert_eq!(
+            t.pin(k, 7, 0x4fff, 1, AccessFlags::empty()).err(),
+            Some(KeyError::Bounds)
+        );
+        assert_eq!(
+            t.pin(k, 8, 0x5000, 1, AccessFlags::empty()).err(),
+            Some(KeyError::WrongPd)
+        );
+        assert_eq!(
+            t.pin(k, 7, 0x5000, 1, AccessFlags::REMOTE_WRITE).err(),
+            Some(KeyError::Access)
+        );
+        assert_eq!(
+            t.pin(k, 7, u64::MAX, 2, AccessFlags::empty()).err(),
+            Some(KeyError::Bounds)
+        );
+        t.deregister(k).unwrap();
+        assert_eq!(
+            t.pin(k, 7, 0x5000, 1, AccessFlags::empty()).err(),
+            Some(KeyError::Invalid)
+        );
+        assert!(t.deregister(k).is_err());
+        // The slot is reused with a new generation; the old key stays dead.
+        let k2 = t.register(7, 0x1000, 100, 0x5000, acc).unwrap();
+        assert_ne!(k, k2);
+        assert!(t.pin(k, 7, 0x5000, 1, AccessFlags::empty()).is_err());
+        assert!(t.pin(k2, 7, 0x5000, 1, AccessFlags::empty()).is_ok());
+    }
+
+    #[test]
+    fn table_full_is_an_error() {
+        let t = KeyTable::new(2).unwrap();
+        t.register(1, 0, 1, 0, AccessFlags::empty()).unwrap();
+        t.register(1, 0, 1, 0, AccessFlags::empty()).unwrap();
+        assert!(matches!(
+            t.register(1, 0, 1, 0, AccessFlags::empty()),
+            Err(Error::NoResources(_))
+        ));
+    }
+
+    #[test]
+    fn garbage_keys_are_invalid() {
+        let t = KeyTable::new(2).unwrap();
+        for k in [0, 1, 0xffff_ffff, 3 << 8] {
+            assert_eq!(
+                t.pin(k, 0, 0, 0, AccessFlags::empty()).err(),
+                Some(KeyError::Invalid)
+            );
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! The softverbs software RDMA NIC.
+//!
+//! Think of it as a NIC whose firmware is a Rust library: device memory (queues, CQ rings, the
+//! key table) is plain `#[repr(C)]` data in shared `memfd` segments, and requester/responder
+//! logic is a set of functions the initiator runs against its target's device memory. It knows
+//! nothing of the public `softverbs` API, which wraps it.
+//!
+//! Module map:
+//! - [`types`]: verbs vocabulary (flags, opcodes, statuses, states).
+//! - [`config`], [`device`]: devices, their limits and attributes, the in-process fabric.
+//! - [`shm`], [`ring`]: shared segments and the lock-free slot ring every queue is built on.
+//! - [`cq`], [`rq`], [`keys`]: completion queues, receive queues/SRQs, the memory-key table.
+//! - [`objects`], [`qp`], [`wr`]: contexts, PDs, MRs, AHs, queue pairs, work requests.
+//! - `exec`, `mem`: executing a work request, and the memory accessor that moves bytes.
+//! - `progress`: the timer thread for RNR and ACK retries.
+
+pub mod clock;
+pub mod config;
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod event;
+mod exec;
+pub mod keys;
+mod mem;
+pub mod objects;
+mod progress;
+pub mod qp;
+pub mod ring;
+pub mod rq;
+pub mod shm;
+pub mod types;
+pub mod wr;
+
+pub use error::{Error, Result};
+pub use exec::GRH_LEN;

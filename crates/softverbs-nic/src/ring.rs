@@ -1,0 +1,321 @@
+//! A bounded multi-producer multi-consumer ring of fixed-size slots in a shared segment.
+//!
+//! This is the one queue shape the NIC uses (CQ rings, receive queues, SRQs): each slot starts
+//! with a sequence word, so producers and consumers in different processes need no lock, only
+//! atomics on the ring's own memory (Vyukov's bounded queue). A producer that dies between
+//! claiming a slot and publishing it stalls consumers at that slot; it can never make them read
+//! half-written data.
+//!
+//! Layout (offsets in bytes): `0` header (magic, version, capacity, stride, then 48 bytes for
+//! the owner's fields), `64` consumer index, `128` producer index, `192` slots.
+
+use crate::error::Result;
+use crate::shm::Segment;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+const MAGIC: u32 = 0x5249_4e47; // "RING"
+const VERSION: u32 = 1;
+const HEAD: usize = 64;
+const TAIL: usize = 128;
+const SLOTS: usize = 192;
+/// Bytes of header the ring's owner may use for its own atomics (offsets 16..64).
+pub const USER_WORDS: usize = 12;
+
+/// Marker for slot payloads: plain `Copy` data written whole by a producer and read whole by a
+/// consumer.
+///
+/// # Safety
+/// `#[repr(C)]`, no pointers, valid for any bit pattern a producer wrote.
+pub unsafe trait SlotPayload: Copy {}
+
+/// The ring had no free slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full;
+
+/// A ring of `capacity` slots, each `8 + payload` bytes rounded up to 8.
+pub struct Ring {
+    seg: Segment,
+    mask: u64,
+    stride: usize,
+}
+
+impl Ring {
+    /// Creates an empty ring; `capacity` is rounded up to a power of two.
+    pub fn new(name: &str, capacity: u32, payload_bytes: usize) -> Result<Ring> {
+        // Vyukov sequence numbers need at least two slots to tell "published" from "free".
+        let capacity = capacity.max(2).next_power_of_two();
+        let stride = (8 + payload_bytes).next_multiple_of(8);
+        let seg = Segment::create(name, SLOTS + capacity as usize * stride)?;
+        let header: &[AtomicU32] = seg.slice(0, 4);
+        header[0].store(MAGIC, Ordering::Relaxed);
+        header[1].store(VERSION, Ordering::Relaxed);
+        header[2].store(capacity, Ordering::Relaxed);
+        header[3].store(stride as u32, Ordering::Relaxed);
+        let ring = Ring {
+            seg,
+            mask: u64::from(capacity) - 1,
+            stride,
+        };
+        for i in 0..u64::from(capacity) {
+            ring.seq(i).store(i, Ordering::Relaxed);
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        Ok(ring)
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> u32 {
+        (self.mask + 1) as u32
+    }
+
+    /// Payload bytes available in a slot.
+    pub fn payload_bytes(&self) -> usize {
+        self.stride - 8
+    }
+
+    /// The owner's header words (12 × `AtomicU32`).
+    pub fn user_words(&self) -> &[AtomicU32] {
+        self.seg.slice(16, USER_WORDS)
+    }
+
+    fn head(&self) -> &AtomicU64 {
+        self.seg.at(HEAD)
+    }
+
+    fn tail(&self) -> &AtomicU64 {
+        self.seg.at(TAIL)
+    }
+
+    fn slot_offset(&self, pos: u64) -> usize {
+        SLOTS + (pos & self.mask) as usize * self.stride
+    }
+
+    fn seq(&self, pos: u64) -> &AtomicU64 {
+        self.seg.at(self.slot_offset(pos))
+    }
+
+    fn payload_ptr(&self, pos: u64) -> *mut u8 {
+        // In bounds: slot_offset + stride <= segment length by construction.
+        self.seg.as_ptr().wrapping_add(self.slot_offset(pos) + 8)
+    }
+
+    /// Entries currently queued (a snapshot).
+    pub fn len(&self) -> u32 {
+        let tail = self.tail().load(Ordering::Acquire);
+        let head = self.head().load(Ordering::Acquire);
+        tail.saturating_sub(head) as u32
+    }
+
+    /// True when nothing is queued (a snapshot).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Claims the next free slot for writing; `None` when the ring is full.
+    fn claim_push(&self) -> Option<u64> {
+        let tail = self.tail();
+        let mut pos = tail.load(Ordering::Relaxed);
+        loop {
+            let seq = self.seq(pos).load(Ordering::Acquire);
+            match seq.cmp(&pos) {
+                std::cmp::Ordering::Equal => {
+                    match tail.compare_exchange_weak(
+                        pos,
+                        pos + 1,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => return Some(pos),
+                        Err(now) => pos = now,
+                    }
+                }
+                std::cmp::Ordering::Less => return None,
+                std::cmp::Ordering::Greater => pos = tail.load(Ordering::Relaxed),
+            }
+        }
+    }
+
+    /// Claims the oldest published slot for reading; `None` when the ring is empty.
+    fn claim_pop(&self) -> Option<u64> {
+        let head = self.head();
+        let mut pos = head.load(Ordering::Relaxed);
+        loop {
+            let seq = self.seq(pos).load(Ordering::Acquire);
+            match seq.cmp(&(pos + 1)) {
+                std::cmp::Ordering::Equal => {
+                    match head.compare_exchange_weak(
+                        pos,
+                        pos + 1,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => return Some(pos),
+                        Err(now) => pos = now,
+                    }
+                }
+                std::cmp::Ordering::Less => return None,
+                std::cmp::Ordering::Greater => pos = head.load(Ordering::Relaxed),
+            }
+        }
+    }
+
+    /// Appends a header and `items` after it; `Err` if the ring is full.
+    pub fn push_slice<H: SlotPayload, T: SlotPayload>(
+        &self,
+        header: &H,
+        items: &[T],
+    ) -> Result<(), Full> {
+        let hsize = std::mem::size_of::<H>().next_multiple_of(8);
+        assert!(hsize + std::mem::size_of_val(items) <= self.payload_bytes());
+        let pos = self.claim_push().ok_or(Full)?;
+        let p = self.payload_ptr(pos);
+        // SAFETY: slot `pos` is ours until its sequence is published; header and items fit in
+        // the payload area (asserted), which lies inside the segment.
+        unsafe {
+            p.cast::<H>().write_unaligned(*header);
+            let dst = p.add(hsize).cast::<T>();
+            for (i, item) in items.iter().enumerate() {
+                dst.add(i).write_unaligned(*item);
+            }
+        }
+        self.seq(pos).store(pos + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Removes the oldest entry: its header, and `count(&header)` items (clamped to what fits)
+    /// appended to `items`.
+    pub fn pop_slice<H: SlotPayload, T: SlotPayload>(
+        &self,
+        items: &mut Vec<T>,
+        count: impl Fn(&H) -> usize,
+    ) -> Option<H> {
+        let hsize = std::mem::size_of::<H>().next_multiple_of(8);
+        assert!(hsize <= self.payload_bytes());
+        let pos = self.claim_pop()?;
+        let p = self.payload_ptr(pos);
+        // SAFETY: slot `pos` was published and is ours until released below; reads stay in
+        // the payload area because `n` is clamped to what fits after the header.
+        let header = unsafe {
+            let header = p.cast::<H>().read_unaligned();
+            let room = (self.payload_bytes() - hsize) / std::mem::size_of::<T>().max(1);
+            let n = count(&header).min(room);
+            let src = p.add(hsize).cast::<T>();
+            items.extend((0..n).map(|i| src.add(i).read_unaligned()));
+            header
+        };
+        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
+        Some(header)
+    }
+
+    /// Appends `value`; `Err` if the ring is full.
+    pub fn push<T: SlotPayload>(&self, value: &T) -> Result<(), Full> {
+        assert!(std::mem::size_of::<T>() <= self.payload_bytes());
+        let pos = self.claim_push().ok_or(Full)?;
+        // SAFETY: we own slot `pos` until we publish its sequence; the payload area is in
+        // bounds, and `T` fits (asserted).
+        unsafe { self.payload_ptr(pos).cast::<T>().write_unaligned(*value) };
+        self.seq(pos).store(pos + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Removes the oldest entry.
+    pub fn pop<T: SlotPayload>(&self) -> Option<T> {
+        assert!(std::mem::size_of::<T>() <= self.payload_bytes());
+        let pos = self.claim_pop()?;
+        // SAFETY: slot `pos` was published (seq == pos + 1) and we claimed it; no producer
+        // writes it until we release it below.
+        let v = unsafe { self.payload_ptr(pos).cast::<T>().read_unaligned() };
+        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
+        Some(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    // SAFETY: plain integers.
+    unsafe impl SlotPayload for [u64; 3] {}
+
+    #[test]
+    fn fifo_and_full() {
+        let r = Ring::new("t", 3, 24).unwrap();
+        assert_eq!(r.capacity(), 4);
+        for i in 0..4u64 {
+            r.push(&[i, i, i]).unwrap();
+        }
+        assert!(r.push(&[9u64; 3]).is_err());
+        assert_eq!(r.len(), 4);
+        for i in 0..4u64 {
+            assert_eq!(r.pop::<[u64; 3]>(), Some([i, i, i]));
+        }
+        assert_eq!(r.pop::<[u64; 3]>(), None);
+    }
+
+    #[test]
+    fn header_and_items() {
+        let r = Ring::new("t", 2, 8 + 3 * 24).unwrap();
+        r.push_slice(&[2u64, 0, 0], &[[1u64, 2, 3], [4, 5, 6]])
+            .unwrap();
+        let mut items = Vec::new();
+        let h = r.pop_slice::<[u64; 3], [u64; 3]>(&mut items, |h| h[0] as usize);
+        assert_eq!(h, Some([2, 0, 0]));
+        assert_eq!(items, vec![[1, 2, 3], [4, 5, 6]]);
+        // A lying count is clamped to the slot.
+        r.push_slice(&[99u64, 0, 0], &[[7u64, 7, 7]]).unwrap();
+        items.clear();
+        r.pop_slice::<[u64; 3], [u64; 3]>(&mut items, |h| h[0] as usize);
+        assert!(items.len() <= 3);
+    }
+
+    #[test]
+    fn concurrent_producers_lose_nothing() {
+        let r = std::sync::Arc::new(Ring::new("t", 1024, 24).unwrap());
+        let mut handles = vec![];
+        for t in 0..4u64 {
+            let r = r.clone();
+            handles.push(std::thread::spawn(move || {
+                for i in 0..10_000u64 {
+                    while r.push(&[t, i, t ^ i]).is_err() {
+                        std::thread::yield_now();
+                    }
+                }
+            }));
+        }
+        let mut next = [0u64; 4];
+        let mut got = 0;
+        while got < 40_000 {
+            if let Some([t, i, x]) = r.pop::<[u64; 3]>() {
+                assert_eq!(x, t ^ i, "torn slot");
+                assert_eq!(next[t as usize], i, "per-producer order kept");
+                next[t as usize] += 1;
+                got += 1;
+            }
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn matches_a_vecdeque(ops in proptest::collection::vec(any::<bool>(), 0..500), cap in 1u32..40) {
+            let r = Ring::new("t", cap, 24).unwrap();
+            let mut model = VecDeque::new();
+            let capacity = r.capacity() as usize;
+            for (n, push) in ops.into_iter().enumerate() {
+                let n = n as u64;
+                if push {
+                    let ok = r.push(&[n, 0, 0]).is_ok();
+                    prop_assert_eq!(ok, model.len() < capacity);
+                    if ok { model.push_back(n); }
+                } else {
+                    prop_assert_eq!(r.pop::<[u64; 3]>().map(|v| v[0]), model.pop_front());
+                }
+                prop_assert_eq!(r.len() as usize, model.len());
+            }
+        }
+    }
+}

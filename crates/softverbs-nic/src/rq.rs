@@ -1,0 +1,210 @@
+//! Receive queues (a QP's own, or shared) as rings of receive WQEs in device memory.
+//!
+//! The owner posts; whoever delivers a message (any initiator) takes the oldest WQE. SGEs are
+//! stored as posted and checked against the owner's key table when a message lands, as
+//! hardware does.
+
+use crate::device::{Counted, Device, Resource};
+use crate::error::{Error, Result, inval};
+use crate::event::{AsyncEvent, EventElement, EventQueue};
+use crate::ring::{Ring, SlotPayload};
+use crate::types::{AsyncEventType, Sge};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RecvHeader {
+    wr_id: u64,
+    num_sge: u32,
+    _reserved: u32,
+}
+
+// SAFETY: repr(C) integers.
+unsafe impl SlotPayload for RecvHeader {}
+// SAFETY: repr(C) integers.
+unsafe impl SlotPayload for Sge {}
+
+/// A posted receive, as taken off the queue.
+#[derive(Debug, Clone, Default)]
+pub struct RecvWqe {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+}
+
+/// A ring of receive WQEs with room for `max_sge` SGEs each.
+pub struct RecvQueue {
+    ring: Ring,
+    max_sge: u32,
+}
+
+impl RecvQueue {
+    /// A queue of at least `max_wr` WQEs of up to `max_sge` SGEs.
+    pub fn new(max_wr: u32, max_sge: u32) -> Result<RecvQueue> {
+        let max_sge = max_sge.max(1);
+        let payload = std::mem::size_of::<RecvHeader>() + max_sge as usize * 16;
+        Ok(RecvQueue {
+            ring: Ring::new("softverbs-rq", max_wr, payload)?,
+            max_sge,
+        })
+    }
+
+    /// WQEs the queue holds.
+    pub fn capacity(&self) -> u32 {
+        self.ring.capacity()
+    }
+
+    /// SGEs per WQE.
+    pub fn max_sge(&self) -> u32 {
+        self.max_sge
+    }
+
+    /// WQEs posted and not yet consumed.
+    pub fn len(&self) -> u32 {
+        self.ring.len()
+    }
+
+    /// True when nothing is posted.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// Posts one receive.
+    pub fn post(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        if sges.len() > self.max_sge as usize {
+            return Err(inval(format!(
+                "{} SGEs, the queue takes {}",
+                sges.len(),
+                self.max_sge
+            )));
+        }
+        let h = RecvHeader {
+            wr_id,
+            num_sge: sges.len() as u32,
+            _reserved: 0,
+        };
+        self.ring
+            .push_slice(&h, sges)
+            .map_err(|_| Error::NoResources("receive queue is full".into()))
+    }
+
+    /// Takes the oldest posted receive.
+    pub fn take(&self) -> Option<RecvWqe> {
+        let mut sges = Vec::new();
+        let h: RecvHeader = self
+            .ring
+            .pop_slice(&mut sges, |h: &RecvHeader| h.num_sge as usize)?;
+        Some(RecvWqe {
+            wr_id: h.wr_id,
+            sges,
+        })
+    }
+}
+
+/// A shared receive queue.
+pub struct Srq {
+    pub(crate) id: u32,
+    pub(crate) pd: u32,
+    pub(crate) rq: RecvQueue,
+    limit: AtomicU32,
+    events: Arc<EventQueue<AsyncEvent>>,
+    _count: Counted,
+}
+
+impl Srq {
+    pub(crate) fn new(
+        dev: &Arc<Device>,
+        pd: u32,
+        events: Arc<EventQueue<AsyncEvent>>,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Result<Arc<Srq>> {
+        let l = &dev.config.limits;
+        if max_wr == 0 || max_wr > l.max_srq_wr {
+            return Err(inval(format!("SRQ max_wr {max_wr} (1..={})", l.max_srq_wr)));
+        }
+        if max_sge > l.max_srq_sge {
+            return Err(inval(format!(
+                "SRQ max_sge {max_sge} (at most {})",
+                l.max_srq_sge
+            )));
+        }
+        if limit > max_wr {
+            return Err(inval("srq_limit exceeds max_wr"));
+        }
+        let count = dev.acquire(Resource::Srq)?;
+        Ok(Arc::new(Srq {
+            id: dev.next_id(),
+            pd,
+            rq: RecvQueue::new(max_wr, max_sge)?,
+            limit: AtomicU32::new(limit),
+            events,
+            _count: count,
+        }))
+    }
+
+    /// Device-wide id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// (max_wr, max_sge, srq_limit) as `ibv_query_srq` reports them.
+    pub fn attr(&self) -> (u32, u32, u32) {
+        (
+            self.rq.capacity(),
+            self.rq.max_sge(),
+            self.limit.load(Ordering::Acquire),
+        )
+    }
+
+    /// Posts a receive.
+    pub fn post(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        self.rq.post(wr_id, sges)
+    }
+
+    /// Arms the limit event: it fires once when fewer than `limit` WQEs remain (0 disarms).
+    pub fn set_limit(&self, limit: u32) -> Result<()> {
+        if limit > self.rq.capacity() {
+            return Err(inval("srq_limit exceeds max_wr"));
+        }
+        self.limit.store(limit, Ordering::Release);
+        Ok(())
+    }
+
+    /// Takes a WQE for an arriving message, firing the limit event when it is crossed.
+    pub(crate) fn take(&self) -> Option<RecvWqe> {
+        let w = self.rq.take()?;
+        let limit = self.limit.load(Ordering::Acquire);
+        if limit != 0 && self.rq.len() < limit && self.limit.swap(0, Ordering::AcqRel) != 0 {
+            self.events.push(AsyncEvent {
+                kind: AsyncEventType::SrqLimitReached,
+                element: EventElement::Srq(self.id),
+            });
+        }
+        Some(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn post_take_roundtrip() {
+        let q = RecvQueue::new(4, 3).unwrap();
+        let s = |a| Sge {
+            addr: a,
+            length: 1,
+            lkey: 2,
+        };
+        q.post(9, &[s(1), s(2)]).unwrap();
+        q.post(10, &[]).unwrap();
+        assert!(q.post(11, &[s(1); 4]).is_err());
+        let w = q.take().unwrap();
+        assert_eq!((w.wr_id, w.sges.len()), (9, 2));
+        assert_eq!(w.sges[1].addr, 2);
+        assert_eq!(q.take().unwrap().sges.len(), 0);
+        assert!(q.take().is_none());
+    }
+}

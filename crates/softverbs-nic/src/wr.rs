@@ -1,0 +1,158 @@
+//! Send work requests as the NIC executes them.
+
+use crate::objects::Ah;
+use crate::types::{SendFlags, Sge, WcOpcode, WrOpcode};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+/// What a send work request does, with its opcode-specific fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    Send,
+    SendWithImm {
+        imm: u32,
+    },
+    RdmaWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    RdmaWriteWithImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+    RdmaRead {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    CmpSwap {
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        remote_addr: u64,
+        rkey: u32,
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The verbs opcode.
+    pub fn opcode(&self) -> WrOpcode {
+        match self {
+            SendOp::Send => WrOpcode::Send,
+            SendOp::SendWithImm { .. } => WrOpcode::SendWithImm,
+            SendOp::RdmaWrite { .. } => WrOpcode::RdmaWrite,
+            SendOp::RdmaWriteWithImm { .. } => WrOpcode::RdmaWriteWithImm,
+            SendOp::RdmaRead { .. } => WrOpcode::RdmaRead,
+            SendOp::CmpSwap { .. } => WrOpcode::AtomicCmpAndSwp,
+            SendOp::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+        }
+    }
+
+    /// The opcode its send completion reports.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
+    /// True for operations whose local buffer is written (READ, atomics).
+    pub fn writes_local(&self) -> bool {
+        matches!(
+            self,
+            SendOp::RdmaRead { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+
+    /// True for the atomics.
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
+    /// Immediate data, for the `*_WITH_IMM` opcodes.
+    pub fn imm(&self) -> Option<u32> {
+        match *self {
+            SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } => Some(imm),
+            _ => None,
+        }
+    }
+}
+
+/// Where the local bytes of a work request are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// Registered memory, checked against each SGE's `lkey` when the request executes.
+    Sges(Cow<'a, [Sge]>),
+    /// Bytes copied at post time (`IBV_SEND_INLINE`); no key is involved.
+    Inline(Cow<'a, [u8]>),
+}
+
+impl Payload<'_> {
+    /// Total bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Sges(s) => s.iter().map(|s| u64::from(s.length)).sum(),
+            Payload::Inline(b) => b.len() as u64,
+        }
+    }
+
+    /// True when there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn into_owned(self) -> Payload<'static> {
+        match self {
+            Payload::Sges(s) => Payload::Sges(Cow::Owned(s.into_owned())),
+            Payload::Inline(b) => Payload::Inline(Cow::Owned(b.into_owned())),
+        }
+    }
+}
+
+/// Destination of a UD send.
+#[derive(Clone)]
+pub struct UdDest {
+    pub ah: Arc<Ah>,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+impl std::fmt::Debug for UdDest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdDest")
+            .field("ah", self.ah.attr())
+            .field("remote_qpn", &self.remote_qpn)
+            .field("remote_qkey", &self.remote_qkey)
+            .finish()
+    }
+}
+
+/// One send work request.
+#[derive(Debug, Clone)]
+pub struct SendWqe<'a> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub flags: SendFlags,
+    pub payload: Payload<'a>,
+    pub ud: Option<UdDest>,
+}
+
+impl SendWqe<'_> {
+    /// A copy that owns its SGE list or inline bytes, for queueing past the post call.
+    pub fn into_owned(self) -> SendWqe<'static> {
+        SendWqe {
+            wr_id: self.wr_id,
+            op: self.op,
+            flags: self.flags,
+            payload: self.payload.into_owned(),
+            ud: self.ud,
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Devices, the builder for software devices, and open contexts.
+
+use crate::cq::{CompletionChannel, CompletionQueue};
+use crate::mr::ProtectionDomain;
+use crate::{AsyncEvent, DeviceAttr, DeviceConfig, Gid, Limits, LinkLayer, Mtu, PortAttr, Result};
+use rustix::fd::BorrowedFd;
+use softverbs_nic::device::Device as NicDevice;
+use softverbs_nic::objects::Context as NicContext;
+use std::sync::Arc;
+
+/// The RDMA devices of this process (`ibv_get_device_list`).
+///
+/// Without configuration there is one software device, `softverbs0` (RoCE link layer, GID
+/// `::ffff:127.0.0.1`). The `SOFTVERBS_DEVICES` environment variable replaces that default
+/// (see [`DeviceConfig`] for its syntax), and [`Device::builder`] adds more at run time.
+pub fn devices() -> Result<Vec<Device>> {
+    Ok(NicDevice::list()?
+        .into_iter()
+        .map(|inner| Device { inner })
+        .collect())
+}
+
+/// An RDMA device.
+#[derive(Clone, Debug)]
+pub struct Device {
+    inner: Arc<NicDevice>,
+}
+
+impl Device {
+    /// The device name (`ibv_get_device_name`).
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The node GUID (`ibv_get_device_guid`).
+    pub fn guid(&self) -> u64 {
+        self.inner.config().node_guid
+    }
+
+    /// Opens the device (`ibv_open_device`).
+    pub fn open(&self) -> Result<Context> {
+        Ok(Context {
+            inner: NicContext::open(self.inner.clone())?,
+        })
+    }
+
+    /// Starts describing a new software device.
+    pub fn builder() -> DeviceBuilder {
+        DeviceBuilder {
+            config: DeviceConfig {
+                name: String::new(),
+                ..DeviceConfig::default()
+            },
+        }
+    }
+
+    /// Takes the port down (`false`) or up (`true`); every open context receives
+    /// `PORT_ERR` or `PORT_ACTIVE`. While the port is down nothing is delivered.
+    pub fn set_port_state(&self, up: bool) {
+        self.inner.set_port_state(up);
+    }
+}
+
+/// Builds a software device with chosen name, addressing and limits, and adds it to the
+/// process's fabric, where other devices can reach it by GID or LID.
+///
+/// ```
+/// use softverbs::{Device, LinkLayer, Mtu};
+/// let dev = Device::builder()
+///     .name("doc-ib0")
+///     .link_layer(LinkLayer::InfiniBand)
+///     .lid(0x42)
+///     .mtu(Mtu::Mtu2048)
+///     .gid("fe80::42".parse().unwrap())
+///     .build()?;
+/// let port = dev.open()?.query_port(1)?;
+/// assert_eq!((port.lid, port.active_mtu), (0x42, Mtu::Mtu2048));
+/// # Ok::<(), softverbs::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct DeviceBuilder {
+    config: DeviceConfig,
+}
+
+impl DeviceBuilder {
+    /// The device name (required; unique in the process).
+    pub fn name(mut self, name: &str) -> Self {
+        self.config.name = name.into();
+        self
+    }
+    /// Ethernet (RoCE) or InfiniBand addressing.
+    pub fn link_layer(mut self, l: LinkLayer) -> Self {
+        self.config.link_layer = l;
+        self
+    }
+    /// The port's active MTU.
+    pub fn mtu(mut self, m: Mtu) -> Self {
+        self.config.active_mtu = m;
+        self
+    }
+    /// GID table entry 0.
+    pub fn gid(mut self, g: Gid) -> Self {
+        self.config.gid = g;
+        self
+    }
+    /// The port LID (InfiniBand).
+    pub fn lid(mut self, lid: u16) -> Self {
+        self.config.lid = lid;
+        self
+    }
+    /// Node GUID.
+    pub fn guid(mut self, guid: u64) -> Self {
+        self.config.node_guid = guid;
+        self
+    }
+    /// Width of the completion timestamp clock in bits.
+    pub fn timestamp_bits(mut self, bits: u32) -> Self {
+        self.config.timestamp_bits = bits;
+        self
+    }
+    /// Resource limits.
+    pub fn limits(mut self, l: Limits) -> Self {
+        self.config.limits = l;
+        self
+    }
+    /// Sets a key in the `SOFTVERBS_DEVICES` syntax (`"max_qp"`, `"mtu"`, …).
+    pub fn set(mut self, key: &str, value: &str) -> Result<Self> {
+        self.config.set(key, value)?;
+        Ok(self)
+    }
+    /// Creates the device.
+    pub fn build(self) -> Result<Device> {
+        if self.config.name.is_empty() {
+            return Err(crate::Error::Config("a device needs a name".into()));
+        }
+        Ok(Device {
+            inner: NicDevice::add(self.config)?,
+        })
+    }
+}
+
+/// An open device (`struct ibv_context`).
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<NicContext>,
+}
+
+impl Context {
+    /// The device this context is open on.
+    pub fn device(&self) -> Device {
+        Device {
+            inner: self.inner.device().clone(),
+        }
+    }
+
+    /// `ibv_query_device` (with the extended fields of `ibv_query_device_ex`).
+    pub fn query_device(&self) -> DeviceAttr {
+        self.inner.device().attr()
+    }
+
+    /// `ibv_query_port`.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.inner.device().port_attr(port)
+    }
+
+    /// `ibv_query_gid`.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        self.inner.device().gid(port, index)
+    }
+
+    /// `ibv_query_pkey`.
+    pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        self.inner.device().pkey(port, index)
+    }
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        Ok(ProtectionDomain {
+            inner: self.inner.alloc_pd()?,
+        })
+    }
+
+    /// `ibv_create_comp_channel`.
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        CompletionChannel::new()
+    }
+
+    /// `ibv_create_cq`: a CQ with room for at least `cqe` completions, optionally reporting
+    /// to `channel`.
+    pub fn create_cq(
+        &self,
+        cqe: u32,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<CompletionQueue> {
+        let cq = self
+            .inner
+            .create_cq(cqe, channel.map(|c| c.inner.clone()))?;
+        Ok(CompletionQueue { inner: cq })
+    }
+
+    /// `ibv_get_async_event`: waits for the next asynchronous event.
+    pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        self.inner.events().pop(true)
+    }
+
+    /// The next asynchronous event, or `Error::WouldBlock`.
+    pub fn try_get_async_event(&self) -> Result<AsyncEvent> {
+        self.inner.events().pop(false)
+    }
+
+    /// The async event file descriptor: readable while an event waits (`context->async_fd`).
+    pub fn async_fd(&self) -> BorrowedFd<'_> {
+        self.inner.events().fd()
+    }
+}

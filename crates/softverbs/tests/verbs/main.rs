@@ -1,0 +1,14 @@
+//! Verbs semantics of the software NIC inside one process, through the public API.
+
+mod common;
+
+mod access;
+mod atomics;
+mod channel;
+mod device;
+mod errors;
+mod ordering;
+mod rc;
+mod srq;
+mod state;
+mod ud_uc;
