@@ -139,6 +139,11 @@ impl Cq {
         }))
     }
 
+    /// True if the CQ was created on `dev`.
+    pub(crate) fn on(&self, dev: &Arc<crate::device::Device>) -> bool {
+        self._count.as_ref().is_some_and(|c| c.on(dev))
+    }
+
     /// Device-wide id of this CQ.
     pub fn id(&self) -> u32 {
         self.id
@@ -159,8 +164,10 @@ impl Cq {
     }
 
     /// Adds a completion, stamping it with the device clock. On overrun the completion is
-    /// lost and the CQ reports an `IBV_EVENT_CQ_ERR` async event (once).
-    pub fn push(&self, mut cqe: Cqe) {
+    /// lost, the CQ reports an `IBV_EVENT_CQ_ERR` async event (once), and this returns false
+    /// so the caller can fail the QP whose completion was lost.
+    #[must_use = "a lost completion must fail its QP"]
+    pub fn push(&self, mut cqe: Cqe) -> bool {
         cqe.timestamp = self.clock.now_raw();
         let ring = self.read_ring();
         if ring.push(&cqe).is_err() {
@@ -170,7 +177,7 @@ impl Cq {
                     element: EventElement::Cq(self.id),
                 });
             }
-            return;
+            return false;
         }
         // SeqCst pairs with `req_notify`: either we see the arm, or the consumer's re-poll
         // after arming sees this completion.
@@ -185,6 +192,7 @@ impl Cq {
                 ch.events.push(Arc::downgrade(&me));
             }
         }
+        true
     }
 
     /// Moves up to `out.len()` completions into `out`; returns how many.
@@ -310,10 +318,11 @@ mod tests {
     fn overrun_raises_one_async_event() {
         let (c, ev) = cq(2, None);
         for i in 0..5 {
-            c.push(Cqe {
+            let kept = c.push(Cqe {
                 wr_id: i,
                 ..Default::default()
             });
+            assert_eq!(kept, i < 2);
         }
         assert!(c.overrun());
         assert_eq!(ev.len(), 1);
@@ -327,18 +336,18 @@ mod tests {
         let ch = Channel::new().unwrap();
         let (c, _) = cq(16, Some(ch.clone()));
         c.req_notify(true).unwrap();
-        c.push(Cqe::default());
+        assert!(c.push(Cqe::default()));
         assert!(ch.get_event(false).is_err());
-        c.push(Cqe {
+        assert!(c.push(Cqe {
             solicited: 1,
             ..Default::default()
-        });
+        }));
         assert_eq!(ch.get_event(false).unwrap().id(), 1);
         // Disarmed after firing.
-        c.push(Cqe {
+        assert!(c.push(Cqe {
             solicited: 1,
             ..Default::default()
-        });
+        }));
         assert!(ch.get_event(false).is_err());
         assert_eq!(c.unacked_events(), 1);
         c.ack_events(1);
@@ -349,10 +358,10 @@ mod tests {
     fn resize_keeps_completions() {
         let (c, _) = cq(4, None);
         for i in 0..3 {
-            c.push(Cqe {
+            assert!(c.push(Cqe {
                 wr_id: i,
                 ..Default::default()
-            });
+            }));
         }
         assert!(c.resize(2).is_err());
         assert!(c.resize(100).unwrap() >= 100);

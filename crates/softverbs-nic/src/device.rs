@@ -108,6 +108,13 @@ pub(crate) struct Counted {
     kind: Resource,
 }
 
+impl Counted {
+    /// True if the counted object belongs to `dev`.
+    pub(crate) fn on(&self, dev: &Arc<Device>) -> bool {
+        Arc::ptr_eq(&self.dev, dev)
+    }
+}
+
 impl Drop for Counted {
     fn drop(&mut self) {
         self.dev.count(self.kind).fetch_sub(1, Ordering::AcqRel);

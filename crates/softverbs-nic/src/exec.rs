@@ -187,7 +187,7 @@ impl Qp {
                     unsafe { mem::copy_ordered(&local.spans, &dst) };
                 }
                 if let (Some(r), Some(imm)) = (wqe, w.op.imm()) {
-                    target.recv_cq.push(Cqe {
+                    target.push_recv(Cqe {
                         wr_id: r.wr_id,
                         status: WcStatus::Success as u8,
                         opcode: WcOpcode::RecvRdmaWithImm as u8,
@@ -350,7 +350,7 @@ impl Qp {
         };
         let base = self.recv_cqe_base(target, w);
         let fail = |status: WcStatus| {
-            target.recv_cq.push(Cqe {
+            target.push_recv(Cqe {
                 wr_id: r.wr_id,
                 status: status as u8,
                 opcode: WcOpcode::Recv as u8,
@@ -400,7 +400,7 @@ impl Qp {
         // SAFETY: sources are pinned local registrations, inline bytes or the GRH buffer; the
         // destinations are the receiver's registrations, checked with LOCAL_WRITE and pinned.
         unsafe { mem::copy_ordered(&sources, &dst.spans) };
-        target.recv_cq.push(Cqe {
+        target.push_recv(Cqe {
             wr_id: r.wr_id,
             status: WcStatus::Success as u8,
             opcode: WcOpcode::Recv as u8,

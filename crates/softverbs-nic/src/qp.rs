@@ -272,6 +272,12 @@ impl Qp {
                 Ok(())
             }
         };
+        if !init.send_cq.on(&dev)
+            || !init.recv_cq.on(&dev)
+            || init.srq.as_ref().is_some_and(|s| !s.on(&dev))
+        {
+            return Err(inval("CQs and SRQ must belong to the QP's device"));
+        }
         check("max_send_wr", c.max_send_wr, l.max_qp_wr)?;
         check("max_send_sge", c.max_send_sge, l.max_sge)?;
         check("max_inline_data", c.max_inline_data, l.max_inline_data)?;
@@ -583,7 +589,7 @@ impl Qp {
     }
 
     fn flush_recv(&self, w: &RecvWqe) {
-        self.recv_cq.push(Cqe {
+        self.push_recv(Cqe {
             wr_id: w.wr_id,
             status: WcStatus::WrFlushErr as u8,
             opcode: crate::types::WcOpcode::Recv as u8,
@@ -599,9 +605,9 @@ impl Qp {
         });
     }
 
-    /// Moves this QP to ERR because of something a requester did to it (the responder side
-    /// of a remote access or invalid-request error). Safe to call without the send lock; the
-    /// flush runs on the progress thread.
+    /// Moves this QP to ERR from outside its own send path: the responder side of a remote
+    /// access or invalid-request error, or a completion lost to CQ overrun. Safe to call
+    /// with or without the send lock; the flush runs on the progress thread.
     pub(crate) fn responder_error(&self, kind: Option<AsyncEventType>) {
         let moved = self
             .state
@@ -861,7 +867,7 @@ impl Qp {
         if status == WcStatus::Success && !signaled {
             return;
         }
-        self.send_cq.push(Cqe {
+        let kept = self.send_cq.push(Cqe {
             wr_id: w.wr_id,
             status: status as u8,
             opcode: w.op.wc_opcode() as u8,
@@ -870,6 +876,17 @@ impl Qp {
             wqe_seq: seq,
             ..Cqe::default()
         });
+        if !kept {
+            self.responder_error(Some(AsyncEventType::QpFatal));
+        }
+    }
+
+    /// Queues a receive completion; a completion lost to CQ overrun is fatal to the QP, as
+    /// on hardware.
+    pub(crate) fn push_recv(&self, cqe: Cqe) {
+        if !self.recv_cq.push(cqe) {
+            self.responder_error(Some(AsyncEventType::QpFatal));
+        }
     }
 }
 

@@ -149,6 +149,11 @@ impl Srq {
         self.id
     }
 
+    /// True if the SRQ was created on `dev`.
+    pub(crate) fn on(&self, dev: &Arc<Device>) -> bool {
+        self._count.on(dev)
+    }
+
     /// (max_wr, max_sge, srq_limit) as `ibv_query_srq` reports them.
     pub fn attr(&self) -> (u32, u32, u32) {
         (

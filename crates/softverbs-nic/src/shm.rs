@@ -145,4 +145,3 @@ mod tests {
         let _ = seg.slice::<AtomicU64>(seg.len() - 8, 2);
     }
 }
-

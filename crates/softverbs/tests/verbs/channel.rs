@@ -118,6 +118,13 @@ fn req_notify_needs_a_channel_and_cq_overrun_is_an_async_event() {
     }
     let ev = ctx.try_get_async_event().unwrap();
     assert_eq!(ev.kind, AsyncEventType::CqErr);
+    // The QP whose completion was lost is failed with a fatal event.
+    let ev = ctx.get_async_event().unwrap();
+    assert_eq!(
+        (ev.kind, ev.element),
+        (AsyncEventType::QpFatal, EventElement::Qp(r.qp_num()))
+    );
+    assert_eq!(r.state(), QpState::Err);
 }
 
 #[test]

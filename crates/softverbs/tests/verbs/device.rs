@@ -64,6 +64,13 @@ fn builder_devices_reach_each_other_by_gid() {
     let q2 = pd2.create_qp(&QpInitAttr::rc(&cq2, &cq2)).unwrap();
     q1.connect(&q2.endpoint(0).unwrap(), 0, ALL_REMOTE).unwrap();
     q2.connect(&q1.endpoint(0).unwrap(), 0, ALL_REMOTE).unwrap();
+    // A CQ of one device cannot serve a QP of another.
+    assert_eq!(
+        pd1.create_qp(&QpInitAttr::rc(&cq2, &cq2))
+            .err()
+            .map(|e| e.errno()),
+        Some(22)
+    );
     let mr = pd2.alloc_mr(16, ALL_REMOTE).unwrap();
     q1.post_send([signaled(SendWr::inline(
         1,
