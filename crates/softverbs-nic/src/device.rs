@@ -150,8 +150,10 @@ fn fabric() -> Result<&'static Mutex<Vec<Arc<Device>>>> {
         return Ok(f);
     }
     let text = std::env::var(ENV_DEVICES).unwrap_or_default();
-    let configs = DeviceConfig::parse_list(&text)
-        .map_err(|e| Error::Config(format!("{ENV_DEVICES}: {e}")))?;
+    let configs = DeviceConfig::parse_list(&text).map_err(|e| match e {
+        Error::Config(m) => Error::Config(format!("{ENV_DEVICES}: {m}")),
+        other => other,
+    })?;
     let mut devices = Vec::new();
     for c in configs {
         devices.push(Device::new(c)?);

@@ -417,14 +417,8 @@ impl Qp {
             return Outcome::Done(WcStatus::LocQpOpErr, 0);
         };
         let len = local.len;
-        if len
-            > u64::from(
-                st.attr
-                    .path_mtu
-                    .bytes()
-                    .min(self.dev.config.active_mtu.bytes()),
-            )
-        {
+        // UD messages are single packets: at most the port's MTU (UD has no path MTU).
+        if len > u64::from(self.dev.config.active_mtu.bytes()) {
             return Outcome::Done(WcStatus::LocLenErr, 0);
         }
         let delivered = Outcome::Done(WcStatus::Success, len as u32);

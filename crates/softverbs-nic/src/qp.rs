@@ -317,6 +317,7 @@ impl Qp {
             send: Mutex::new(SendState {
                 attr: QpAttr {
                     cap,
+                    path_mtu: dev.config.active_mtu,
                     ..QpAttr::default()
                 },
                 pending: VecDeque::new(),
@@ -553,6 +554,7 @@ impl Qp {
         }
         st.attr = QpAttr {
             cap: self.cap,
+            path_mtu: self.dev.config.active_mtu,
             ..QpAttr::default()
         };
         st.posted = 0;

@@ -64,3 +64,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The software NIC underneath, for tools that need its internals (clock, raw attributes).
 pub use softverbs_nic as nic;
+
+/// The README's Rust example, compiled and run as a doctest so it cannot rot.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -238,12 +238,18 @@ impl QueuePair {
     }
 
     /// Takes an RC or UC QP from RESET to RTS connected to `remote`, with the settings
-    /// `ibv_rc_pingpong` uses (path MTU = port MTU, timeout 14, 7 retries, RNR timer 12).
+    /// `ibv_rc_pingpong` uses (path MTU = port MTU, timeout 14, 7 retries, RNR timer 12):
+    /// [`to_init`](Self::to_init), [`to_rtr`](Self::to_rtr), [`to_rts`](Self::to_rts) in a
+    /// row. Call those one by one to post receives in INIT, before the peer can send.
     pub fn connect(&self, remote: &Endpoint, local_psn: u32, access: AccessFlags) -> Result<()> {
-        let dev = self.inner_device();
-        let port = dev.port_attr(1)?;
-        let rc = self.qp_type() == QpType::Rc;
-        let mut a = QpAttr {
+        self.to_init(access)?;
+        self.to_rtr(remote)?;
+        self.to_rts(local_psn)
+    }
+
+    /// RESET → INIT on port 1, P_Key index 0, granting peers the remote rights in `access`.
+    pub fn to_init(&self, access: AccessFlags) -> Result<()> {
+        let a = QpAttr {
             qp_state: QpState::Init,
             port_num: 1,
             pkey_index: 0,
@@ -256,31 +262,49 @@ impl QueuePair {
                 | QpAttrMask::PKEY_INDEX
                 | QpAttrMask::PORT
                 | QpAttrMask::ACCESS_FLAGS,
-        )?;
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = port.active_mtu;
-        a.dest_qp_num = remote.qpn;
-        a.rq_psn = remote.psn;
-        a.ah_attr = address_vector(port.link_layer, remote);
-        a.max_dest_rd_atomic = 16.min(dev.attr().max_qp_rd_atom as u8);
-        a.min_rnr_timer = 12;
+        )
+    }
+
+    /// INIT → RTR: receive from `remote` (path MTU = port MTU; RC: 16 incoming reads and
+    /// atomics, RNR timer 12 = 0.64 ms).
+    pub fn to_rtr(&self, remote: &Endpoint) -> Result<()> {
+        let dev = self.inner_device();
+        let port = dev.port_attr(1)?;
+        let a = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: port.active_mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            ah_attr: address_vector(port.link_layer, remote),
+            max_dest_rd_atomic: 16.min(dev.attr().max_qp_rd_atom as u8),
+            min_rnr_timer: 12,
+            ..QpAttr::default()
+        };
         let mut mask = QpAttrMask::STATE
             | QpAttrMask::AV
             | QpAttrMask::PATH_MTU
             | QpAttrMask::DEST_QPN
             | QpAttrMask::RQ_PSN;
-        if rc {
+        if self.qp_type() == QpType::Rc {
             mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
         }
-        self.modify(&a, mask)?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = local_psn;
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = a.max_dest_rd_atomic;
+        self.modify(&a, mask)
+    }
+
+    /// RTR → RTS starting at `psn` (RC: timeout 14 ≈ 67 ms, 7 retries, RNR retry forever,
+    /// 16 outstanding reads and atomics).
+    pub fn to_rts(&self, psn: u32) -> Result<()> {
+        let a = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16.min(self.inner_device().attr().max_qp_init_rd_atom as u8),
+            ..QpAttr::default()
+        };
         let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-        if rc {
+        if self.qp_type() == QpType::Rc {
             mask |= QpAttrMask::TIMEOUT
                 | QpAttrMask::RETRY_CNT
                 | QpAttrMask::RNR_RETRY

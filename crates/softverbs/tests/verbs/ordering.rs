@@ -4,6 +4,7 @@ use crate::common::*;
 use softverbs::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
 
 fn spin_reader_sees_whole_messages(op: fn(&MemoryRegion<'_>) -> SendOp) {
     const LEN: usize = 1 << 16;
@@ -24,7 +25,9 @@ fn spin_reader_sees_whole_messages(op: fn(&MemoryRegion<'_>) -> SendOp) {
             for round in 1..=ROUNDS {
                 b.post_recv([RecvWr::new(round as u64, &sges)]).unwrap();
                 // Spin on the last byte only, then check every other byte.
+                let deadline = Instant::now() + Duration::from_secs(20);
                 while dst.load_u8(LEN - 1).unwrap() != round {
+                    assert!(Instant::now() < deadline, "round {round} never landed");
                     std::hint::spin_loop();
                 }
                 let got = dst.to_vec();
@@ -36,10 +39,15 @@ fn spin_reader_sees_whole_messages(op: fn(&MemoryRegion<'_>) -> SendOp) {
     };
     for round in 1..=ROUNDS {
         src.fill(round);
+        let deadline = Instant::now() + Duration::from_secs(20);
         while seen.load(Ordering::Acquire) != round - 1 {
-            std::hint::spin_loop();
+            assert!(
+                Instant::now() < deadline,
+                "reader stuck before round {round}"
+            );
+            std::thread::yield_now();
         }
-        // SENDs need the reader's next receive; RNR retries cover the race, but keep it short.
+        // A SEND may beat the reader's next receive; the RNR retry covers that.
         let s = [src.sge(0..LEN)];
         p.a.post_send([signaled(SendWr::new(round as u64, op(&dst), &s))])
             .unwrap();

@@ -275,3 +275,30 @@ fn creation_caps_are_checked_and_rounded_up() {
     assert!(ctx.create_cq(0, None).is_err());
     assert!(ctx.create_cq(attr.max_cqe + 1, None).is_err());
 }
+
+#[test]
+fn receives_posted_in_init_are_kept() {
+    let p = pair(QpType::Uc);
+    let buf = p.pd.alloc_mr(64, ALL_REMOTE).unwrap();
+    let x =
+        p.pd.create_qp(&QpInitAttr::new(QpType::Uc, &p.cq_b, &p.cq_b))
+            .unwrap();
+    let y =
+        p.pd.create_qp(&QpInitAttr::new(QpType::Uc, &p.cq_a, &p.cq_a))
+            .unwrap();
+    x.to_init(ALL_REMOTE).unwrap();
+    x.post_recv([RecvWr::new(9, &[buf.sge(0..64)])]).unwrap();
+    x.to_rtr(&y.endpoint(0).unwrap()).unwrap();
+    x.to_rts(0).unwrap();
+    y.connect(&x.endpoint(0).unwrap(), 0, ALL_REMOTE).unwrap();
+    // UC drops a message that finds no receive: this one arrives because the receive was
+    // posted in INIT.
+    y.post_send([SendWr::inline(1, SendOp::Send, b"early")])
+        .unwrap();
+    let wc = poll_n(&p.cq_b, 1)[0];
+    assert_eq!(
+        (wc.wr_id(), wc.status(), wc.byte_len()),
+        (9, WcStatus::Success, 5)
+    );
+    assert_eq!(&buf.to_vec()[..5], b"early");
+}

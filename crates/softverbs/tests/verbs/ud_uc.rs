@@ -177,6 +177,31 @@ fn ud_rejects_rdma_opcodes_and_oversized_messages() {
 }
 
 #[test]
+fn ud_carries_messages_up_to_the_port_mtu() {
+    let u = ud_pair();
+    let port = u.ctx.query_port(1).unwrap();
+    let mtu = port.active_mtu.bytes() as usize;
+    assert_eq!(u.a.query().path_mtu, port.active_mtu);
+    let ep = u.b.endpoint(0).unwrap();
+    let ah =
+        u.pd.create_ah(&address_vector(port.link_layer, &ep))
+            .unwrap();
+    let src = u.pd.alloc_mr(mtu, ALL_REMOTE).unwrap();
+    let dst = u.pd.alloc_mr(GRH_LEN + mtu, ALL_REMOTE).unwrap();
+    src.write_at(0, &pattern(mtu, 1)).unwrap();
+    u.b.post_recv([RecvWr::new(1, &[dst.sge(0..GRH_LEN + mtu)])])
+        .unwrap();
+    let s = [src.sge(0..mtu)];
+    u.a.post_send([signaled(
+        SendWr::new(1, SendOp::Send, &s).ud(&ah, ep.qpn, 0x2222),
+    )])
+    .unwrap();
+    assert!(poll_n(&u.cq_a, 1)[0].is_ok());
+    assert_eq!(poll_n(&u.cq_b, 1)[0].byte_len() as usize, GRH_LEN + mtu);
+    assert_eq!(&dst.to_vec()[GRH_LEN..], &pattern(mtu, 1)[..]);
+}
+
+#[test]
 fn roce_address_handles_need_a_grh() {
     let u = ud_pair();
     let e = u.pd.create_ah(&AhAttr {

@@ -1,0 +1,148 @@
+//! `softverbs`: the command line of the softverbs RDMA stack.
+//!
+//! Each subcommand lives in its own module; this file only parses the command line, finds
+//! devices and turns errors into `softverbs: <error>` and exit status 1.
+
+mod devinfo;
+mod pingpong;
+
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::process::ExitCode;
+
+/// The error type of every subcommand: anything printable.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+/// `Result` with the CLI [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Parser)]
+#[command(
+    name = "softverbs",
+    version,
+    about = "RDMA verbs tools for softverbs devices (the built-in software NIC needs no set-up)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print device and port attributes, like `ibv_devinfo`.
+    Devinfo(devinfo::Args),
+    /// SEND/RECV ping-pong: round-trip latency and bandwidth between two QPs.
+    Pingpong(pingpong::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            // --help and --version are not errors.
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // No subcommand: the help text, unprefixed.
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::FAILURE;
+            }
+            let text = e.render().to_string();
+            let text = text.strip_prefix("error: ").unwrap_or(&text);
+            eprint!("softverbs: {text}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match dispatch(&cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softverbs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: &Command) -> Result<()> {
+    match command {
+        Command::Devinfo(args) => devinfo::run(args),
+        Command::Pingpong(args) => pingpong::run(args),
+    }
+}
+
+/// The device named `name`, or the first device when `name` is `None`.
+pub fn find_device(name: Option<&str>) -> Result<softverbs::Device> {
+    let devices = softverbs::devices()?;
+    match name {
+        None => devices
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no RDMA devices found".into()),
+        Some(name) => {
+            let names: Vec<&str> = devices.iter().map(|d| d.name()).collect();
+            let list = names.join(", ");
+            devices
+                .iter()
+                .find(|d| d.name() == name)
+                .cloned()
+                .ok_or_else(|| format!("no device named `{name}` (devices: {list})").into())
+        }
+    }
+}
+
+/// Writes `text` to standard output, reporting (instead of panicking on) a closed pipe.
+pub fn write_stdout(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("writing to standard output: {e}").into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parses and runs a command line that must fail; returns the error text.
+    fn fails(args: &[&str]) -> String {
+        let argv = std::iter::once("softverbs").chain(args.iter().copied());
+        match Cli::try_parse_from(argv) {
+            Err(e) => e.to_string(),
+            Ok(cli) => dispatch(&cli.command)
+                .expect_err("the command should fail")
+                .to_string(),
+        }
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["pingpong"], "not implemented yet: use --loopback"),
+            (&["pingpong", "host"], "client mode"),
+            (&["pingpong", "--loopback", "-n", "0"], "at least 1"),
+            (
+                &["pingpong", "--loopback", "--transport", "ud", "-s", "4097"],
+                "use -s",
+            ),
+            (
+                &["pingpong", "--loopback", "-s", "4294967296"],
+                "max_msg_sz",
+            ),
+            (&["pingpong", "--loopback", "-d", "nope"], "no device named"),
+            (&["devinfo", "-d", "nope"], "no device named"),
+            (
+                &["pingpong", "--loopback", "--transport", "xrc"],
+                "invalid value",
+            ),
+            (&["pingpong", "--loopback", "-s", "big"], "invalid value"),
+            (
+                &["pingpong", "--loopback", "somehost"],
+                "cannot be used with",
+            ),
+        ];
+        for (args, want) in cases {
+            let got = fails(args);
+            assert!(got.contains(want), "{args:?}: {got}");
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The `softverbs` binary as a user runs it.
+
+use std::process::Command;
+
+fn softverbs(args: &[&str], devices: Option<&str>) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_softverbs"));
+    cmd.args(args);
+    match devices {
+        Some(d) => cmd.env("SOFTVERBS_DEVICES", d),
+        None => cmd.env_remove("SOFTVERBS_DEVICES"),
+    };
+    cmd.output().expect("run softverbs")
+}
+
+#[test]
+fn devinfo_reflects_the_environment_configuration() {
+    let out = softverbs(
+        &["devinfo", "-v"],
+        Some("name=envdev,link=ib,lid=9,mtu=1024,max_qp=77;name=second,gid=fe80::2"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("envdev") && text.contains("second"), "{text}");
+    assert!(
+        text.contains("InfiniBand") && text.contains("Ethernet"),
+        "{text}"
+    );
+    assert!(text.contains("1024 (3)"), "active MTU 1024: {text}");
+    assert!(text.contains("77"), "max_qp 77: {text}");
+    assert!(text.contains("PORT_ACTIVE"), "{text}");
+}
+
+#[test]
+fn a_bad_environment_is_a_clear_error_not_a_panic() {
+    let out = softverbs(&["devinfo"], Some("mtu=1500"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("softverbs: ")
+            && err.contains("SOFTVERBS_DEVICES")
+            && err.contains("mtu=1500"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn pingpong_json_is_one_object_with_the_figures() {
+    for t in ["rc", "uc", "ud"] {
+        let out = softverbs(
+            &[
+                "pingpong",
+                "--loopback",
+                "--json",
+                "-n",
+                "300",
+                "--transport",
+                t,
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{t}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        assert!(v.is_object(), "{v}");
+        let text = v.to_string();
+        for key in ["p50", "p99", "max"] {
+            assert!(text.contains(key), "{t}: no {key} in {text}");
+        }
+    }
+}

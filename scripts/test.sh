@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The whole softverbs test suite, in one command:
+#   1. build every target of the workspace once (libraries, binaries, tests, examples),
+#   2. run every test (unit, integration and doc tests) on that build,
+#   3. smoke-check the `softverbs` CLI: pingpong over RC, UC and UD, and devinfo.
+# Every command is printed before it runs; the first failure stops the script (non-zero exit).
+# With CI=true, anything missing that the suite needs is a hard, loudly reported error.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+ci=false
+if [[ "${CI:-}" == "true" ]]; then
+    ci=true
+fi
+
+# Prints a command, then runs it.
+run() {
+    printf '\n+ %s\n' "$*"
+    "$@"
+}
+
+# Stops the script because TOOL is missing.
+missing() {
+    local tool=$1 hint=$2
+    if $ci; then
+        local rule="========================================================================"
+        printf '%s\nscripts/test.sh: FATAL (CI=true): `%s` is required but was not found.\n%s\n%s\n' \
+            "$rule" "$tool" "$hint" "$rule" >&2
+    else
+        printf 'scripts/test.sh: `%s` not found. %s\n' "$tool" "$hint" >&2
+    fi
+    exit 1
+}
+
+# --- Required tools ------------------------------------------------------------------------
+if ! command -v cargo >/dev/null 2>&1; then
+    if [[ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]]; then
+        PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+    else
+        missing cargo "Install the Rust toolchain (https://rustup.rs), version 1.85 or newer."
+    fi
+fi
+
+# --- System packages (placeholder) ---------------------------------------------------------
+# LATER ISSUES: interoperability checks against rdma-core's tools will install them here on
+# CI, e.g.
+#     sudo apt-get install -y --no-install-recommends ibverbs-utils perftest
+# and use `missing` when they cannot be found. Nothing is installed yet.
+
+# --- Build once, then test on that build ---------------------------------------------------
+run cargo build --workspace --all-targets
+run cargo test --workspace
+
+# --- CLI smoke checks ----------------------------------------------------------------------
+for transport in rc uc ud; do
+    run cargo run -q -p softverbs-cli -- pingpong --loopback -n 2000 --transport "$transport"
+done
+run cargo run -q -p softverbs-cli -- devinfo -v
+
+printf '\nscripts/test.sh: all steps passed\n'
