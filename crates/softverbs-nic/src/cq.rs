@@ -1,11 +1,12 @@
 //! Completion queues: a [`Ring`] of [`Cqe`]s plus arming and completion channels.
 
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, EventElement, EventQueue};
+use crate::event::{AsyncEvent, AsyncQueue, Doorbell, EventElement};
 use crate::ring::{Ring, SlotPayload};
 use crate::types::{AsyncEventType, WcFlags, WcOpcode, WcStatus};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// One completion as stored in a CQ ring (56 bytes; 64 with the slot's sequence word).
 #[repr(C)]
@@ -63,35 +64,108 @@ impl Cqe {
 const ARM_NONE: u32 = 0;
 const ARM_NEXT: u32 = 1;
 const ARM_SOLICITED: u32 = 2;
-// Header words of the ring that belong to the CQ.
+// Header words of the ring that belong to the CQ; peers that push completions use them too.
 const W_ARM: usize = 0;
 const W_OVERRUN: usize = 1;
+/// Set when an armed CQ fired; the channel's owner collects it.
+const W_EVENT: usize = 2;
+/// The CQ's device-wide id, for the events a peer raises about it.
+pub(crate) const W_ID: usize = 3;
 
-/// A completion channel: CQs armed on it queue themselves here when they have news.
+/// What pushing a completion into a CQ ring asks of the pusher.
+pub(crate) enum Pushed {
+    /// Queued; ring the CQ's channel if `notify`.
+    Queued { notify: bool },
+    /// Lost to overrun; raise `IBV_EVENT_CQ_ERR` if `first`.
+    Lost { first: bool },
+}
+
+/// Pushes `cqe` into a CQ ring, ours or a peer's, following the arming rules.
+pub(crate) fn push_ring(ring: &Ring, cqe: &Cqe) -> Pushed {
+    let words = ring.user_words();
+    if ring.push(cqe).is_err() {
+        return Pushed::Lost {
+            first: words[W_OVERRUN].swap(1, Ordering::AcqRel) == 0,
+        };
+    }
+    // SeqCst pairs with `req_notify`: either we see the arm, or the consumer's re-poll after
+    // arming sees this completion.
+    let arm = &words[W_ARM];
+    let armed = arm.load(Ordering::SeqCst);
+    let wanted = armed == ARM_NEXT
+        || (armed == ARM_SOLICITED && (cqe.solicited != 0 || cqe.status != WcStatus::Success as u8));
+    let notify = wanted && arm.swap(ARM_NONE, Ordering::SeqCst) != ARM_NONE;
+    if notify {
+        words[W_EVENT].store(1, Ordering::Release);
+    }
+    Pushed::Queued { notify }
+}
+
+/// A completion channel: the CQs armed on it flag themselves and ring its doorbell.
 pub struct Channel {
-    events: EventQueue<Weak<Cq>>,
+    bell: Doorbell,
+    cqs: Mutex<Vec<Weak<Cq>>>,
+    ready: Mutex<VecDeque<Arc<Cq>>>,
 }
 
 impl Channel {
     /// A new channel.
     pub fn new() -> Result<Arc<Channel>> {
         Ok(Arc::new(Channel {
-            events: EventQueue::new()?,
+            bell: Doorbell::new()?,
+            cqs: Mutex::new(Vec::new()),
+            ready: Mutex::new(VecDeque::new()),
         }))
     }
 
     /// The channel's file descriptor: readable while an event is waiting.
     pub fn fd(&self) -> rustix::fd::BorrowedFd<'_> {
-        self.events.fd()
+        self.bell.fd()
+    }
+
+    /// The doorbell, for peers that complete into CQs of this channel.
+    pub(crate) fn bell(&self) -> &Doorbell {
+        &self.bell
+    }
+
+    fn attach(&self, cq: &Arc<Cq>) {
+        let mut cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        cqs.retain(|w| w.strong_count() > 0);
+        cqs.push(Arc::downgrade(cq));
+    }
+
+    fn collect(&self, ready: &mut VecDeque<Arc<Cq>>) {
+        let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        for cq in cqs.iter().filter_map(Weak::upgrade) {
+            if cq.read_ring().user_words()[W_EVENT].swap(0, Ordering::AcqRel) != 0 {
+                ready.push_back(cq);
+            }
+        }
     }
 
     /// The next CQ that raised an event; with `blocking`, waits for one.
     pub fn get_event(&self, blocking: bool) -> Result<Arc<Cq>> {
         loop {
-            if let Some(cq) = self.events.pop(blocking)?.upgrade() {
-                cq.events_delivered.fetch_add(1, Ordering::Relaxed);
-                return Ok(cq);
+            {
+                let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+                self.collect(&mut ready);
+                if ready.is_empty() {
+                    // Drain, then look again: a flag set before a ring we drained is seen now.
+                    self.bell.drain();
+                    self.collect(&mut ready);
+                }
+                if let Some(cq) = ready.pop_front() {
+                    if !ready.is_empty() {
+                        self.bell.ring();
+                    }
+                    cq.events_delivered.fetch_add(1, Ordering::Relaxed);
+                    return Ok(cq);
+                }
             }
+            if !blocking {
+                return Err(Error::WouldBlock);
+            }
+            self.bell.wait()?;
         }
     }
 }
@@ -101,9 +175,8 @@ pub struct Cq {
     id: u32,
     ring: RwLock<Ring>,
     channel: Option<Arc<Channel>>,
-    async_events: Arc<EventQueue<AsyncEvent>>,
+    async_events: Arc<AsyncQueue>,
     retire: Arc<dyn Fn(u32, u32) + Send + Sync>,
-    me: Weak<Cq>,
     clock: crate::clock::Clock,
     events_delivered: AtomicU32,
     events_acked: AtomicU32,
@@ -119,24 +192,28 @@ impl Cq {
         id: u32,
         cqe: u32,
         channel: Option<Arc<Channel>>,
-        async_events: Arc<EventQueue<AsyncEvent>>,
+        async_events: Arc<AsyncQueue>,
         retire: Arc<dyn Fn(u32, u32) + Send + Sync>,
         clock: crate::clock::Clock,
         count: Option<crate::device::Counted>,
     ) -> Result<Arc<Cq>> {
         let ring = Ring::new("softverbs-cq", cqe, std::mem::size_of::<Cqe>())?;
-        Ok(Arc::new_cyclic(|me| Cq {
+        ring.user_words()[W_ID].store(id, Ordering::Release);
+        let cq = Arc::new(Cq {
             id,
             ring: RwLock::new(ring),
             channel,
             async_events,
             retire,
-            me: me.clone(),
             clock,
             events_delivered: AtomicU32::new(0),
             events_acked: AtomicU32::new(0),
             _count: count,
-        }))
+        });
+        if let Some(ch) = &cq.channel {
+            ch.attach(&cq);
+        }
+        Ok(cq)
     }
 
     /// True if the CQ was created on `dev`.
@@ -169,30 +246,34 @@ impl Cq {
     #[must_use = "a lost completion must fail its QP"]
     pub fn push(&self, mut cqe: Cqe) -> bool {
         cqe.timestamp = self.clock.now_raw();
-        let ring = self.read_ring();
-        if ring.push(&cqe).is_err() {
-            if ring.user_words()[W_OVERRUN].swap(1, Ordering::AcqRel) == 0 {
-                self.async_events.push(AsyncEvent {
-                    kind: AsyncEventType::CqErr,
-                    element: EventElement::Cq(self.id),
-                });
+        let pushed = push_ring(&self.read_ring(), &cqe);
+        match pushed {
+            Pushed::Queued { notify } => {
+                if notify && let Some(ch) = &self.channel {
+                    ch.bell.ring();
+                }
+                true
             }
-            return false;
-        }
-        // SeqCst pairs with `req_notify`: either we see the arm, or the consumer's re-poll
-        // after arming sees this completion.
-        let arm = &ring.user_words()[W_ARM];
-        let armed = arm.load(Ordering::SeqCst);
-        let wanted = armed == ARM_NEXT
-            || (armed == ARM_SOLICITED
-                && (cqe.solicited != 0 || cqe.status != WcStatus::Success as u8));
-        if wanted && arm.swap(ARM_NONE, Ordering::SeqCst) != ARM_NONE {
-            drop(ring);
-            if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
-                ch.events.push(Arc::downgrade(&me));
+            Pushed::Lost { first } => {
+                if first {
+                    self.async_events.push(AsyncEvent {
+                        kind: AsyncEventType::CqErr,
+                        element: EventElement::Cq(self.id),
+                    });
+                }
+                false
             }
         }
-        true
+    }
+
+    /// The channel this CQ reports to.
+    pub(crate) fn channel(&self) -> Option<&Arc<Channel>> {
+        self.channel.as_ref()
+    }
+
+    /// The ring, for exporting to peers.
+    pub(crate) fn ring(&self) -> std::sync::RwLockReadGuard<'_, Ring> {
+        self.read_ring()
     }
 
     /// Moves up to `out.len()` completions into `out`; returns how many.
@@ -294,8 +375,8 @@ impl Cq {
 mod tests {
     use super::*;
 
-    fn cq(cqe: u32, ch: Option<Arc<Channel>>) -> (Arc<Cq>, Arc<EventQueue<AsyncEvent>>) {
-        let ev = Arc::new(EventQueue::new().unwrap());
+    fn cq(cqe: u32, ch: Option<Arc<Channel>>) -> (Arc<Cq>, Arc<AsyncQueue>) {
+        let ev = Arc::new(AsyncQueue::new().unwrap());
         let c = Cq::new(
             1,
             cqe,

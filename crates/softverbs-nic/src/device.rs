@@ -3,7 +3,7 @@
 use crate::clock::Clock;
 use crate::config::{DeviceConfig, ENV_DEVICES};
 use crate::error::{Error, Result};
-use crate::event::{AsyncEvent, EventElement, EventQueue};
+use crate::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::keys::KeyTable;
 use crate::progress::Progress;
 use crate::qp::Qp;
@@ -134,7 +134,7 @@ pub struct Device {
     counts: [AtomicU32; 6],
     next_id: AtomicU32,
     port_state: AtomicU32,
-    contexts: Mutex<Vec<Weak<EventQueue<AsyncEvent>>>>,
+    contexts: Mutex<Vec<Weak<AsyncQueue>>>,
 }
 
 struct QpNumbers {
@@ -385,7 +385,7 @@ impl Device {
     }
 
     /// Registers a context's async event queue for device-wide events.
-    pub(crate) fn attach_context(&self, q: &Arc<EventQueue<AsyncEvent>>) {
+    pub(crate) fn attach_context(&self, q: &Arc<AsyncQueue>) {
         let mut contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
         contexts.retain(|c| c.strong_count() > 0);
         contexts.push(Arc::downgrade(q));

@@ -1,78 +1,67 @@
-//! Event queues with a pollable file descriptor: async events and completion channels.
+//! Doorbells and the async event queue.
+//!
+//! A doorbell is a non-blocking pipe: its read end is the pollable descriptor a program waits
+//! on (epoll, mio, `poll(2)`), and any process may ring it by opening the write end through
+//! `/proc/<pid>/fd/<n>` (an eventfd cannot be reopened that way; a pipe can). The events
+//! themselves live in shared memory (a [`Ring`] or a flag word), so a peer process can post
+//! one without the owner's help: it writes the record, then rings.
 
 use crate::error::{Error, Result};
+use crate::ring::{Ring, SlotPayload};
 use crate::types::AsyncEventType;
-use rustix::event::{EventfdFlags, PollFd, PollFlags, eventfd, poll};
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::collections::VecDeque;
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use rustix::pipe::{PipeFlags, pipe_with};
 use std::sync::Mutex;
 
-/// A FIFO whose `eventfd` is readable exactly while the FIFO is non-empty, so it works with
-/// epoll, mio or a plain `poll(2)`.
-pub struct EventQueue<T> {
-    fd: OwnedFd,
-    queue: Mutex<VecDeque<T>>,
+/// A pipe used as a wake-up signal.
+pub struct Doorbell {
+    rd: OwnedFd,
+    wr: OwnedFd,
 }
 
-impl<T> EventQueue<T> {
-    /// An empty queue.
-    pub fn new() -> Result<Self> {
-        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(Error::os("eventfd"))?;
-        Ok(EventQueue {
-            fd,
-            queue: Mutex::new(VecDeque::new()),
-        })
+impl Doorbell {
+    /// A silent doorbell.
+    pub fn new() -> Result<Doorbell> {
+        let (rd, wr) =
+            pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).map_err(Error::os("pipe2"))?;
+        Ok(Doorbell { rd, wr })
     }
 
-    /// The descriptor to wait on: readable while events are queued.
+    /// The descriptor to wait on: readable once rung, until drained.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.rd.as_fd()
     }
 
-    /// Queues an event and wakes waiters.
-    pub fn push(&self, ev: T) {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        // The fd state changes under the lock, so "readable" and "non-empty" never disagree.
-        if q.is_empty() {
-            let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
-        }
-        q.push_back(ev);
+    /// The write end's descriptor number, for peers that open it through `/proc`.
+    pub fn write_fd_num(&self) -> i32 {
+        self.wr.as_raw_fd()
     }
 
-    /// Takes the oldest event; with `blocking`, waits for one.
-    pub fn pop(&self, blocking: bool) -> Result<T> {
-        loop {
-            {
-                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(ev) = q.pop_front() {
-                    if q.is_empty() {
-                        let mut buf = [0u8; 8];
-                        let _ = rustix::io::read(&self.fd, &mut buf);
-                    }
-                    return Ok(ev);
-                }
-            }
-            if !blocking {
-                return Err(Error::WouldBlock);
-            }
-            let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
-            match poll(&mut fds, None) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(Error::os("poll")(e)),
-            }
+    /// Wakes waiters.
+    pub fn ring(&self) {
+        ring_fd(self.wr.as_fd());
+    }
+
+    /// Forgets all rings so far.
+    pub fn drain(&self) {
+        let mut buf = [0u8; 64];
+        while matches!(rustix::io::read(&self.rd, &mut buf), Ok(n) if n > 0) {}
+    }
+
+    /// Waits until rung (or interrupted).
+    pub fn wait(&self) -> Result<()> {
+        let mut fds = [PollFd::new(&self.rd, PollFlags::IN)];
+        match poll(&mut fds, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(e) => Err(Error::os("poll")(e)),
         }
     }
+}
 
-    /// Number of queued events.
-    pub fn len(&self) -> usize {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// True when no event is queued.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+/// Rings a doorbell through its write end (ours or a peer's). A full pipe is already rung.
+pub fn ring_fd(fd: BorrowedFd<'_>) {
+    let _ = rustix::io::write(fd, &[1u8]);
 }
 
 /// The object an async event is about.
@@ -97,6 +86,139 @@ pub struct AsyncEvent {
     pub element: EventElement,
 }
 
+/// An async event as stored in shared memory.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct EventRecord {
+    kind: u32,
+    tag: u32,
+    id: u32,
+    _reserved: u32,
+}
+
+// SAFETY: repr(C) integers.
+unsafe impl SlotPayload for EventRecord {}
+
+impl From<AsyncEvent> for EventRecord {
+    fn from(e: AsyncEvent) -> Self {
+        let (tag, id) = match e.element {
+            EventElement::Qp(n) => (1, n),
+            EventElement::Cq(n) => (2, n),
+            EventElement::Srq(n) => (3, n),
+            EventElement::Port(n) => (4, u32::from(n)),
+            EventElement::Device => (5, 0),
+        };
+        EventRecord {
+            kind: e.kind as u32,
+            tag,
+            id,
+            _reserved: 0,
+        }
+    }
+}
+
+impl EventRecord {
+    /// The event, if the record (possibly written by a peer) is well formed.
+    fn decode(self) -> Option<AsyncEvent> {
+        let element = match self.tag {
+            1 => EventElement::Qp(self.id),
+            2 => EventElement::Cq(self.id),
+            3 => EventElement::Srq(self.id),
+            4 => EventElement::Port(u8::try_from(self.id).ok()?),
+            5 => EventElement::Device,
+            _ => return None,
+        };
+        Some(AsyncEvent {
+            kind: AsyncEventType::from_raw(self.kind)?,
+            element,
+        })
+    }
+}
+
+/// Posts async events into a queue: the owner's or, through mapped memory, a peer's.
+pub(crate) fn post_event(ring: &Ring, bell: BorrowedFd<'_>, ev: AsyncEvent) {
+    // A full queue loses the event, as a hardware event queue overflow would.
+    let _ = ring.push(&EventRecord::from(ev));
+    ring_fd(bell);
+}
+
+/// A context's async event queue; its descriptor is readable while events wait.
+pub struct AsyncQueue {
+    ring: Ring,
+    bell: Doorbell,
+    lock: Mutex<()>,
+}
+
+impl AsyncQueue {
+    /// An empty queue.
+    pub fn new() -> Result<Self> {
+        Ok(AsyncQueue {
+            ring: Ring::new("softverbs-events", 1024, std::mem::size_of::<EventRecord>())?,
+            bell: Doorbell::new()?,
+            lock: Mutex::new(()),
+        })
+    }
+
+    /// The descriptor to wait on (`context->async_fd`).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.bell.fd()
+    }
+
+    /// The shared ring, for peers.
+    pub(crate) fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// The doorbell, for peers.
+    pub(crate) fn bell(&self) -> &Doorbell {
+        &self.bell
+    }
+
+    /// Queues an event and wakes waiters.
+    pub fn push(&self, ev: AsyncEvent) {
+        post_event(&self.ring, self.bell.wr.as_fd(), ev);
+    }
+
+    /// Takes the oldest event; with `blocking`, waits for one.
+    pub fn pop(&self, blocking: bool) -> Result<AsyncEvent> {
+        loop {
+            {
+                let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+                while let Some(rec) = self.ring.pop::<EventRecord>() {
+                    let Some(ev) = rec.decode() else { continue };
+                    self.settle();
+                    return Ok(ev);
+                }
+                self.settle();
+            }
+            if !blocking {
+                return Err(Error::WouldBlock);
+            }
+            self.bell.wait()?;
+        }
+    }
+
+    /// Keeps "readable" and "non-empty" in step: drain, then re-ring if a peer raced us.
+    fn settle(&self) {
+        if self.ring.is_empty() {
+            self.bell.drain();
+            if !self.ring.is_empty() {
+                self.bell.ring();
+            }
+        }
+    }
+
+    /// Number of queued events.
+    pub fn len(&self) -> usize {
+        self.ring.len() as usize
+    }
+
+    /// True when no event is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,27 +228,49 @@ mod tests {
         poll(&mut fds, Some(&rustix::time::Timespec::default())).unwrap() == 1
     }
 
+    fn ev(n: u32) -> AsyncEvent {
+        AsyncEvent {
+            kind: AsyncEventType::QpFatal,
+            element: EventElement::Qp(n),
+        }
+    }
+
     #[test]
     fn fd_tracks_queue() {
-        let q = EventQueue::new().unwrap();
+        let q = AsyncQueue::new().unwrap();
         assert!(!readable(q.fd()));
         assert_eq!(q.pop(false).err(), Some(Error::WouldBlock));
-        q.push(1);
-        q.push(2);
+        q.push(ev(1));
+        q.push(ev(2));
         assert!(readable(q.fd()));
-        assert_eq!(q.pop(false).unwrap(), 1);
+        assert_eq!(q.pop(false).unwrap(), ev(1));
         assert!(readable(q.fd()));
-        assert_eq!(q.pop(true).unwrap(), 2);
+        assert_eq!(q.pop(true).unwrap(), ev(2));
         assert!(!readable(q.fd()));
     }
 
     #[test]
     fn blocking_pop_wakes() {
-        let q = std::sync::Arc::new(EventQueue::new().unwrap());
+        let q = std::sync::Arc::new(AsyncQueue::new().unwrap());
         let q2 = q.clone();
         let t = std::thread::spawn(move || q2.pop(true).unwrap());
         std::thread::sleep(std::time::Duration::from_millis(20));
-        q.push(7u32);
-        assert_eq!(t.join().unwrap(), 7);
+        q.push(ev(7));
+        assert_eq!(t.join().unwrap(), ev(7));
+    }
+
+    #[test]
+    fn malformed_records_are_skipped() {
+        let q = AsyncQueue::new().unwrap();
+        q.ring()
+            .push(&EventRecord {
+                kind: 999,
+                tag: 1,
+                id: 0,
+                _reserved: 0,
+            })
+            .unwrap();
+        q.push(ev(3));
+        assert_eq!(q.pop(false).unwrap(), ev(3));
     }
 }

@@ -3,7 +3,7 @@
 use crate::cq::{Channel, Cq};
 use crate::device::{Counted, Device, PORT_NUM, Resource};
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, EventQueue};
+use crate::event::AsyncQueue;
 use crate::qp::{Qp, QpInit};
 use crate::rq::Srq;
 use crate::types::{AccessFlags, AhAttr, LinkLayer};
@@ -12,13 +12,13 @@ use std::sync::{Arc, Weak};
 /// An open device (`struct ibv_context`): owns the async event queue.
 pub struct Context {
     pub(crate) dev: Arc<Device>,
-    pub(crate) events: Arc<EventQueue<AsyncEvent>>,
+    pub(crate) events: Arc<AsyncQueue>,
 }
 
 impl Context {
     /// Opens `dev`.
     pub fn open(dev: Arc<Device>) -> Result<Arc<Context>> {
-        let events = Arc::new(EventQueue::new()?);
+        let events = Arc::new(AsyncQueue::new()?);
         dev.attach_context(&events);
         Ok(Arc::new(Context { dev, events }))
     }
@@ -29,7 +29,7 @@ impl Context {
     }
 
     /// The async event queue (its fd is readable while events wait).
-    pub fn events(&self) -> &EventQueue<AsyncEvent> {
+    pub fn events(&self) -> &AsyncQueue {
         &self.events
     }
 

@@ -8,7 +8,7 @@
 use crate::cq::{Cq, Cqe};
 use crate::device::{Counted, Device, PORT_NUM, Resource};
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, EventElement, EventQueue};
+use crate::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::objects::{Pd, check_av, resolve};
 use crate::rq::{RecvQueue, RecvWqe, Srq};
 use crate::types::{
@@ -152,7 +152,7 @@ pub struct Qp {
     pub(crate) qp_type: QpType,
     pub(crate) pd: Arc<Pd>,
     pub(crate) dev: Arc<Device>,
-    events: Arc<EventQueue<AsyncEvent>>,
+    events: Arc<AsyncQueue>,
     pub(crate) send_cq: Arc<Cq>,
     pub(crate) recv_cq: Arc<Cq>,
     pub(crate) srq: Option<Arc<Srq>>,

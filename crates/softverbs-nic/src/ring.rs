@@ -63,6 +63,38 @@ impl Ring {
         Ok(ring)
     }
 
+    /// Maps a ring that another process (or this one) created, checking its header: the
+    /// header is peer-written data, so a bad one is an error, never a panic.
+    pub fn open(seg: Segment) -> Result<Ring> {
+        let bad = |what: &str| crate::Error::InvalidArgument(format!("shared ring: {what}"));
+        if seg.len() < SLOTS {
+            return Err(bad("segment too small"));
+        }
+        let header: &[AtomicU32] = seg.slice(0, 4);
+        if header[0].load(Ordering::Acquire) != MAGIC || header[1].load(Ordering::Acquire) != VERSION {
+            return Err(bad("bad magic or version"));
+        }
+        let capacity = header[2].load(Ordering::Acquire);
+        let stride = header[3].load(Ordering::Acquire) as usize;
+        let fits = (capacity as usize)
+            .checked_mul(stride)
+            .and_then(|b| b.checked_add(SLOTS))
+            .is_some_and(|end| end <= seg.len());
+        if capacity < 2 || !capacity.is_power_of_two() || stride < 16 || stride % 8 != 0 || !fits {
+            return Err(bad("bad geometry"));
+        }
+        Ok(Ring {
+            seg,
+            mask: u64::from(capacity) - 1,
+            stride,
+        })
+    }
+
+    /// The segment holding the ring.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
     /// Number of slots.
     pub fn capacity(&self) -> u32 {
         (self.mask + 1) as u32

@@ -6,7 +6,7 @@
 
 use crate::device::{Counted, Device, Resource};
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, EventElement, EventQueue};
+use crate::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::ring::{Ring, SlotPayload};
 use crate::types::{AsyncEventType, Sge};
 use std::sync::Arc;
@@ -107,7 +107,7 @@ pub struct Srq {
     pub(crate) pd: u32,
     pub(crate) rq: RecvQueue,
     limit: AtomicU32,
-    events: Arc<EventQueue<AsyncEvent>>,
+    events: Arc<AsyncQueue>,
     _count: Counted,
 }
 
@@ -115,7 +115,7 @@ impl Srq {
     pub(crate) fn new(
         dev: &Arc<Device>,
         pd: u32,
-        events: Arc<EventQueue<AsyncEvent>>,
+        events: Arc<AsyncQueue>,
         max_wr: u32,
         max_sge: u32,
         limit: u32,

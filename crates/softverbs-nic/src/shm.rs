@@ -58,6 +58,40 @@ impl Segment {
         Ok(Segment { ptr, len, fd })
     }
 
+    /// Maps an existing `memfd` (ours, or a peer's opened through `/proc/<pid>/fd/<n>`),
+    /// all of it.
+    pub fn open(fd: OwnedFd) -> Result<Segment> {
+        let st = rustix::fs::fstat(&fd).map_err(Error::os("fstat"))?;
+        let len = usize::try_from(st.st_size)
+            .ok()
+            .filter(|&l| l > 0)
+            .ok_or_else(|| Error::InvalidArgument("shared segment is empty".into()))?;
+        // SAFETY: a fresh shared mapping at an address the kernel picks; it aliases nothing
+        // in this process, and all typed access goes through `ShmPlain` types.
+        let ptr = unsafe {
+            mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(Error::os("mmap"))?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(Error::Os {
+            what: "mmap",
+            errno: rustix::io::Errno::NOMEM,
+        })?;
+        Ok(Segment { ptr, len, fd })
+    }
+
+    /// The inode of the `memfd`: with the owner's pid and descriptor number it identifies the
+    /// segment, so a peer never mistakes a recycled descriptor for it.
+    pub fn inode(&self) -> u64 {
+        rustix::fs::fstat(&self.fd).map_or(0, |s| s.st_ino)
+    }
+
     /// Length of the mapping in bytes.
     pub fn len(&self) -> usize {
         self.len
