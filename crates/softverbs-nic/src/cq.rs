@@ -4,8 +4,8 @@ use crate::error::{Error, Result, inval};
 use crate::event::{AsyncEvent, AsyncQueue, Doorbell, EventElement};
 use crate::ring::{Ring, SlotPayload};
 use crate::types::{AsyncEventType, WcFlags, WcOpcode, WcStatus};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// One completion as stored in a CQ ring (56 bytes; 64 with the slot's sequence word).
@@ -93,7 +93,8 @@ pub(crate) fn push_ring(ring: &Ring, cqe: &Cqe) -> Pushed {
     let arm = &words[W_ARM];
     let armed = arm.load(Ordering::SeqCst);
     let wanted = armed == ARM_NEXT
-        || (armed == ARM_SOLICITED && (cqe.solicited != 0 || cqe.status != WcStatus::Success as u8));
+        || (armed == ARM_SOLICITED
+            && (cqe.solicited != 0 || cqe.status != WcStatus::Success as u8));
     let notify = wanted && arm.swap(ARM_NONE, Ordering::SeqCst) != ARM_NONE;
     if notify {
         words[W_EVENT].store(1, Ordering::Release);

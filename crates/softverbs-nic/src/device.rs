@@ -135,6 +135,8 @@ pub struct Device {
     next_id: AtomicU32,
     port_state: AtomicU32,
     contexts: Mutex<Vec<Weak<AsyncQueue>>>,
+    /// QPs of other processes this process has mapped.
+    pub(crate) peers: crate::peer::Peers,
 }
 
 struct QpNumbers {
@@ -184,6 +186,7 @@ impl Device {
             next_id: AtomicU32::new(1),
             port_state: AtomicU32::new(PortState::Active as u32),
             contexts: Mutex::new(Vec::new()),
+            peers: Default::default(),
             config,
         }))
     }

@@ -38,6 +38,11 @@ impl Doorbell {
         self.wr.as_raw_fd()
     }
 
+    /// The write end's inode, so peers can tell it from a recycled descriptor.
+    pub fn write_ino(&self) -> u64 {
+        rustix::fs::fstat(&self.wr).map_or(0, |s| s.st_ino)
+    }
+
     /// Wakes waiters.
     pub fn ring(&self) {
         ring_fd(self.wr.as_fd());

@@ -1,24 +1,145 @@
 //! Requester and responder logic: one work request executed against its target QP.
 //!
-//! The initiator runs both halves. It checks its own SGEs, finds the responder QP, checks the
-//! responder's rules (state, QP access rights, key, PD, bounds, posted receive) and only then
-//! moves bytes, through `mem`. Every failure becomes a completion status on the side that the
-//! verbs specification charges with it, and the responder side of an RC error also moves the
-//! responder QP to ERR with its async event.
+//! The initiator runs both halves. It checks its own SGEs, finds the responder QP (in this
+//! process, or mapped from another through `peer`), checks the responder's rules (state, QP
+//! access rights, key, PD, bounds, posted receive) and only then moves bytes, through `mem`.
+//! Every failure becomes a completion status on the side that the verbs specification charges
+//! with it, and the responder side of an RC error also moves the responder QP to ERR with its
+//! async event.
 
 use crate::cq::Cqe;
-use crate::device::MAX_MSG_SIZE;
+use crate::device::{Device, MAX_MSG_SIZE};
 use crate::keys::{KeyError, KeyTable, Pin};
 use crate::mem::{self, AtomicOp, Span};
+use crate::peer::RemoteQp;
 use crate::qp::{Outcome, Qp, SendState};
+use crate::rq::RecvWqe;
 use crate::types::{
-    AccessFlags, AsyncEventType, LinkLayer, QpType, SendFlags, WcFlags, WcOpcode, WcStatus,
+    AccessFlags, AsyncEventType, Gid, LinkLayer, QpState, QpType, SendFlags, WcFlags, WcOpcode,
+    WcStatus, rnr_timer_micros,
 };
 use crate::wr::{Payload, SendOp, SendWqe};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 /// Bytes reserved at the start of every UD receive buffer for the GRH.
 pub const GRH_LEN: usize = 40;
+
+/// A responder QP: in this process, or another process's mapped here.
+pub(crate) enum Target {
+    Local(Arc<Qp>),
+    Remote(Arc<RemoteQp>),
+}
+
+/// What a requester remembers of its connected responder.
+pub(crate) enum CachedPeer {
+    Local(Weak<Qp>),
+    Remote(Arc<RemoteQp>),
+}
+
+/// Finds QP `qpn` of `dev`: here, or in another process on this host.
+pub(crate) fn find_target(dev: &Device, qpn: u32) -> Option<Target> {
+    if let Some(q) = dev.find_qp(qpn) {
+        return Some(Target::Local(q));
+    }
+    dev.peers
+        .get(dev.config.gid, qpn, dev.clock)
+        .map(Target::Remote)
+}
+
+impl Target {
+    fn qpn(&self) -> u32 {
+        match self {
+            Target::Local(q) => q.qpn,
+            Target::Remote(r) => r.qpn(),
+        }
+    }
+    fn qp_type(&self) -> QpType {
+        match self {
+            Target::Local(q) => q.qp_type,
+            Target::Remote(r) => r.qp_type(),
+        }
+    }
+    fn receiving(&self) -> bool {
+        match self {
+            Target::Local(q) => q.receiving(),
+            Target::Remote(r) => {
+                let s = r.state();
+                r.alive()
+                    && [QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe]
+                        .iter()
+                        .any(|&ok| ok as u32 == s)
+            }
+        }
+    }
+    fn access(&self) -> AccessFlags {
+        match self {
+            Target::Local(q) => q.access(),
+            Target::Remote(r) => r.access(),
+        }
+    }
+    fn qkey(&self) -> u32 {
+        match self {
+            Target::Local(q) => q.qkey(),
+            Target::Remote(r) => r.qkey(),
+        }
+    }
+    fn rnr_delay(&self) -> Duration {
+        match self {
+            Target::Local(q) => q.rnr_delay(),
+            Target::Remote(r) => Duration::from_micros(rnr_timer_micros(r.min_rnr_timer())),
+        }
+    }
+    fn take_recv(&self) -> Option<RecvWqe> {
+        match self {
+            Target::Local(q) => q.take_recv(),
+            Target::Remote(r) => r.take_recv(),
+        }
+    }
+    fn pd(&self) -> u32 {
+        match self {
+            Target::Local(q) => q.pd.id,
+            Target::Remote(r) => r.pd(),
+        }
+    }
+    fn recv_pd(&self) -> u32 {
+        match self {
+            Target::Local(q) => q.recv_pd(),
+            Target::Remote(r) => r.recv_pd(),
+        }
+    }
+    fn keys(&self) -> &KeyTable {
+        match self {
+            Target::Local(q) => &q.dev.keys,
+            Target::Remote(r) => r.keys(),
+        }
+    }
+    fn push_recv(&self, cqe: Cqe) {
+        match self {
+            Target::Local(q) => q.push_recv(cqe),
+            Target::Remote(r) => r.push_recv(cqe),
+        }
+    }
+    fn responder_error(&self, event: Option<AsyncEventType>) {
+        match self {
+            Target::Local(q) => q.responder_error(event),
+            Target::Remote(r) => r.responder_error(event),
+        }
+    }
+    fn gid(&self) -> Gid {
+        match self {
+            Target::Local(q) => q.dev.config.gid,
+            Target::Remote(r) => r.gid(),
+        }
+    }
+    /// Where the pinned bytes are, as this process reaches them.
+    fn place(&self, pin: &Pin<'_>, len: usize) -> Option<Span> {
+        match self {
+            Target::Local(_) => Some(Span::local(pin.host, len)),
+            Target::Remote(r) => r.place(pin, len).ok(),
+        }
+    }
+}
 
 /// Pinned spans of one side of a transfer.
 struct Spans<'k> {
@@ -27,21 +148,20 @@ struct Spans<'k> {
     len: u64,
 }
 
+/// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable.
 fn pin_sges<'k>(
     keys: &'k KeyTable,
     pd: u32,
     sges: &[crate::types::Sge],
     need: AccessFlags,
+    place: impl Fn(&Pin<'_>, usize) -> Option<Span>,
 ) -> Result<Spans<'k>, KeyError> {
     let mut spans = Vec::with_capacity(sges.len());
     let mut pins = Vec::with_capacity(sges.len());
     let mut len = 0u64;
     for s in sges.iter().filter(|s| s.length > 0) {
         let pin = keys.pin(s.lkey, pd, s.addr, u64::from(s.length), need)?;
-        spans.push(Span {
-            addr: pin.host,
-            len: s.length as usize,
-        });
+        spans.push(place(&pin, s.length as usize).ok_or(KeyError::Invalid)?);
         pins.push(pin);
         len += u64::from(s.length);
     }
@@ -64,25 +184,36 @@ impl Qp {
                 _pins: Vec::new(),
                 len: bytes.len() as u64,
             }),
-            Payload::Sges(sges) => {
-                pin_sges(&self.dev.keys, self.pd.id, sges, need).map_err(|_| WcStatus::LocProtErr)
-            }
+            Payload::Sges(sges) => pin_sges(&self.dev.keys, self.pd.id, sges, need, |p, n| {
+                Some(Span::local(p.host, n))
+            })
+            .map_err(|_| WcStatus::LocProtErr),
         }
     }
 
     /// The connected responder, if it is on this host and accepting messages.
-    fn peer(&self, st: &mut SendState) -> Option<Arc<Qp>> {
+    fn peer(&self, st: &mut SendState) -> Option<Target> {
         let dest = st.attr.dest_qp_num;
-        let cached = st.peer.upgrade().filter(|p| p.qpn == dest);
+        let cached = match &st.peer {
+            Some(CachedPeer::Local(w)) => w.upgrade().filter(|p| p.qpn == dest).map(Target::Local),
+            Some(CachedPeer::Remote(r)) if r.qpn() == dest && r.alive() => {
+                Some(Target::Remote(r.clone()))
+            }
+            _ => None,
+        };
         let peer = match cached {
             Some(p) => p,
             None => {
-                let p = st.peer_dev.upgrade()?.find_qp(dest)?;
-                st.peer = Arc::downgrade(&p);
+                let p = find_target(&*st.peer_dev.upgrade()?, dest)?;
+                st.peer = Some(match &p {
+                    Target::Local(q) => CachedPeer::Local(Arc::downgrade(q)),
+                    Target::Remote(r) => CachedPeer::Remote(r.clone()),
+                });
                 p
             }
         };
-        (peer.qp_type == self.qp_type && peer.receiving() && self.dev.port_active()).then_some(peer)
+        (peer.qp_type() == self.qp_type && peer.receiving() && self.dev.port_active())
+            .then_some(peer)
     }
 
     /// A message that reached no one: RC waits for an ACK that never comes; UC and UD
@@ -98,7 +229,7 @@ impl Qp {
     /// ERR; UC drops the message silently.
     fn remote_error(
         &self,
-        target: &Qp,
+        target: &Target,
         status: WcStatus,
         event: Option<AsyncEventType>,
         len: u64,
@@ -109,6 +240,20 @@ impl Qp {
         } else {
             Outcome::Done(WcStatus::Success, len as u32)
         }
+    }
+
+    /// Pins `len` bytes of the responder's region `rkey` at `addr` with `need`, and places
+    /// them; `None` is a remote access error.
+    fn remote_range<'t>(
+        target: &'t Target,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Option<(Pin<'t>, Span)> {
+        let pin = target.keys().pin(rkey, target.pd(), addr, len, need).ok()?;
+        let span = target.place(&pin, len as usize)?;
+        Some((pin, span))
     }
 
     pub(crate) fn execute(&self, st: &mut SendState, w: &SendWqe<'_>) -> Outcome {
@@ -132,6 +277,8 @@ impl Qp {
         };
         let len = local.len;
         let access = target.access();
+        let req_err = Some(AsyncEventType::QpReqErr);
+        let acc_err = Some(AsyncEventType::QpAccessErr);
         match w.op {
             SendOp::Send | SendOp::SendWithImm { .. } => {
                 self.deliver_send(&target, w, &local.spans, len, None)
@@ -141,27 +288,23 @@ impl Qp {
                 remote_addr, rkey, ..
             } => {
                 if !access.contains(AccessFlags::REMOTE_WRITE) {
-                    return self.remote_error(
-                        &target,
-                        WcStatus::RemInvReqErr,
-                        Some(AsyncEventType::QpReqErr),
-                        len,
-                    );
+                    return self.remote_error(&target, WcStatus::RemInvReqErr, req_err, len);
                 }
+                // A zero-length WRITE checks no key (IBA 9.4.4).
                 let remote = if len > 0 {
-                    match target.dev.keys.pin(
+                    match Self::remote_range(
+                        &target,
                         rkey,
-                        target.pd.id,
                         remote_addr,
                         len,
                         AccessFlags::REMOTE_WRITE,
                     ) {
-                        Ok(p) => Some(p),
-                        Err(_) => {
+                        Some(r) => Some(r),
+                        None => {
                             return self.remote_error(
                                 &target,
                                 WcStatus::RemAccessErr,
-                                Some(AsyncEventType::QpAccessErr),
+                                acc_err,
                                 len,
                             );
                         }
@@ -176,15 +319,15 @@ impl Qp {
                     },
                     None => None,
                 };
-                if let Some(p) = &remote {
-                    let dst = [Span {
-                        addr: p.host,
-                        len: len as usize,
-                    }];
-                    // SAFETY: source spans are pinned local registrations or inline bytes we
-                    // own; the destination was checked against the responder's key table and
-                    // is pinned for the copy.
-                    unsafe { mem::copy_ordered(&local.spans, &dst) };
+                if let Some((_pin, dst)) = &remote {
+                    // SAFETY: local sources are pinned registrations or inline bytes we own;
+                    // the destination was checked against the responder's key table and is
+                    // pinned (and, for a peer, mapped or reached by cross-memory attach).
+                    if unsafe { mem::copy_ordered(&local.spans, std::slice::from_ref(dst)) }
+                        .is_err()
+                    {
+                        return self.remote_error(&target, WcStatus::RemOpErr, None, len);
+                    }
                 }
                 if let (Some(r), Some(imm)) = (wqe, w.op.imm()) {
                     target.push_recv(Cqe {
@@ -201,36 +344,26 @@ impl Qp {
             }
             SendOp::RdmaRead { remote_addr, rkey } => {
                 if !access.contains(AccessFlags::REMOTE_READ) {
-                    return self.remote_error(
-                        &target,
-                        WcStatus::RemInvReqErr,
-                        Some(AsyncEventType::QpReqErr),
-                        len,
-                    );
+                    return self.remote_error(&target, WcStatus::RemInvReqErr, req_err, len);
                 }
                 if len > 0 {
-                    let Ok(p) = target.dev.keys.pin(
+                    let Some((_pin, src)) = Self::remote_range(
+                        &target,
                         rkey,
-                        target.pd.id,
                         remote_addr,
                         len,
                         AccessFlags::REMOTE_READ,
                     ) else {
-                        return self.remote_error(
-                            &target,
-                            WcStatus::RemAccessErr,
-                            Some(AsyncEventType::QpAccessErr),
-                            len,
-                        );
+                        return self.remote_error(&target, WcStatus::RemAccessErr, acc_err, len);
                     };
-                    let src = [Span {
-                        addr: p.host,
-                        len: len as usize,
-                    }];
                     // SAFETY: the source is pinned in the responder's registration with
                     // REMOTE_READ; the destinations are pinned local registrations with
                     // LOCAL_WRITE.
-                    unsafe { mem::copy_ordered(&src, &local.spans) };
+                    if unsafe { mem::copy_ordered(std::slice::from_ref(&src), &local.spans) }
+                        .is_err()
+                    {
+                        return self.remote_error(&target, WcStatus::RemOpErr, None, len);
+                    }
                 }
                 Outcome::Done(WcStatus::Success, len as u32)
             }
@@ -262,7 +395,7 @@ impl Qp {
 
     fn atomic(
         &self,
-        target: &Qp,
+        target: &Target,
         remote_addr: u64,
         rkey: u32,
         op: AtomicOp,
@@ -277,13 +410,9 @@ impl Qp {
                 len,
             );
         }
-        let Ok(p) = target.dev.keys.pin(
-            rkey,
-            target.pd.id,
-            remote_addr,
-            8,
-            AccessFlags::REMOTE_ATOMIC,
-        ) else {
+        let Some((_pin, word)) =
+            Self::remote_range(target, rkey, remote_addr, 8, AccessFlags::REMOTE_ATOMIC)
+        else {
             return self.remote_error(
                 target,
                 WcStatus::RemAccessErr,
@@ -292,8 +421,9 @@ impl Qp {
             );
         };
         // post_send rejects unaligned remote IOVAs, but a region registered at an IOVA with a
-        // different alignment than its address could still map to an unaligned host address.
-        if p.host % 8 != 0 {
+        // different alignment than its address could still map to an unaligned address. A
+        // peer's plain (unmapped) memory cannot be updated atomically at all.
+        if word.addr % 8 != 0 || word.pid != 0 {
             return self.remote_error(
                 target,
                 WcStatus::RemInvReqErr,
@@ -301,30 +431,30 @@ impl Qp {
                 len,
             );
         }
-        // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration.
-        let original = unsafe { mem::atomic(p.host, op) };
+        // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration, mapped here.
+        let original = unsafe { mem::atomic(word.addr, op) };
         let bytes = original.to_ne_bytes();
         // SAFETY: the destination spans are pinned local LOCAL_WRITE registrations totalling
-        // 8 bytes (checked at post).
-        unsafe { mem::copy_ordered(&[Span::of(&bytes)], &local.spans) };
+        // 8 bytes (checked at post); all local, so the copy cannot fail.
+        let _ = unsafe { mem::copy_ordered(&[Span::of(&bytes)], &local.spans) };
         Outcome::Done(WcStatus::Success, 8)
     }
 
     /// RC: no receive posted means an RNR NAK; UC: the message is dropped.
-    fn no_receive(&self, target: &Qp, len: u64) -> Outcome {
+    fn no_receive(&self, target: &Target, len: u64) -> Outcome {
         match self.qp_type {
             QpType::Rc => Outcome::Rnr(target.rnr_delay()),
             _ => Outcome::Done(WcStatus::Success, len as u32),
         }
     }
 
-    fn recv_cqe_base(&self, target: &Qp, w: &SendWqe<'_>) -> Cqe {
+    fn recv_cqe_base(&self, target: &Target, w: &SendWqe<'_>) -> Cqe {
         let lid = match self.dev.config.link_layer {
             LinkLayer::InfiniBand => self.dev.config.lid,
             LinkLayer::Ethernet => 0,
         };
         Cqe {
-            qp_num: target.qpn,
+            qp_num: target.qpn(),
             src_qp: self.qpn,
             slid: lid,
             solicited: u8::from(w.flags.contains(SendFlags::SOLICITED)),
@@ -335,7 +465,7 @@ impl Qp {
     /// Delivers a SEND into the target's next receive. `grh` is prepended for UD.
     fn deliver_send(
         &self,
-        target: &Qp,
+        target: &Target,
         w: &SendWqe<'_>,
         src: &[Span],
         len: u64,
@@ -349,32 +479,36 @@ impl Qp {
             None => (WcFlags::empty(), 0),
         };
         let base = self.recv_cqe_base(target, w);
-        let fail = |status: WcStatus| {
+        // The receiver's failure: its receive completes in error; RC and UC responders go to
+        // ERR (UD ones do not), and an RC requester learns `status`.
+        let fail = |recv_status: WcStatus, status: WcStatus| {
             target.push_recv(Cqe {
                 wr_id: r.wr_id,
-                status: status as u8,
+                status: recv_status as u8,
                 opcode: WcOpcode::Recv as u8,
                 ..base
             });
+            match self.qp_type {
+                QpType::Ud => Outcome::Done(WcStatus::Success, len as u32),
+                QpType::Uc => {
+                    target.responder_error(None);
+                    Outcome::Done(WcStatus::Success, len as u32)
+                }
+                QpType::Rc => {
+                    target.responder_error(None);
+                    Outcome::Done(status, 0)
+                }
+            }
         };
         let dst = match pin_sges(
-            &target.dev.keys,
+            target.keys(),
             target.recv_pd(),
             &r.sges,
             AccessFlags::LOCAL_WRITE,
+            |p, n| target.place(p, n),
         ) {
             Ok(d) => d,
-            Err(_) => {
-                fail(WcStatus::LocProtErr);
-                if self.qp_type == QpType::Ud {
-                    return Outcome::Done(WcStatus::Success, len as u32);
-                }
-                target.responder_error(None);
-                return match self.qp_type {
-                    QpType::Rc => Outcome::Done(WcStatus::RemOpErr, 0),
-                    _ => Outcome::Done(WcStatus::Success, len as u32),
-                };
-            }
+            Err(_) => return fail(WcStatus::LocProtErr, WcStatus::RemOpErr),
         };
         let mut sources: Vec<Span> = Vec::with_capacity(src.len() + 1);
         let mut total = len;
@@ -387,19 +521,13 @@ impl Qp {
         }
         sources.extend_from_slice(src);
         if dst.len < total {
-            fail(WcStatus::LocLenErr);
-            if self.qp_type == QpType::Ud {
-                return Outcome::Done(WcStatus::Success, len as u32);
-            }
-            target.responder_error(None);
-            return match self.qp_type {
-                QpType::Rc => Outcome::Done(WcStatus::RemInvReqErr, 0),
-                _ => Outcome::Done(WcStatus::Success, len as u32),
-            };
+            return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr);
         }
         // SAFETY: sources are pinned local registrations, inline bytes or the GRH buffer; the
         // destinations are the receiver's registrations, checked with LOCAL_WRITE and pinned.
-        unsafe { mem::copy_ordered(&sources, &dst.spans) };
+        if unsafe { mem::copy_ordered(&sources, &dst.spans) }.is_err() {
+            return fail(WcStatus::LocAccessErr, WcStatus::RemOpErr);
+        }
         target.push_recv(Cqe {
             wr_id: r.wr_id,
             status: WcStatus::Success as u8,
@@ -429,8 +557,8 @@ impl Qp {
             .ah
             .target
             .upgrade()
-            .and_then(|d| d.find_qp(ud.remote_qpn))
-            .filter(|t| t.qp_type == QpType::Ud && t.receiving())
+            .and_then(|d| find_target(&d, ud.remote_qpn))
+            .filter(|t| t.qp_type() == QpType::Ud && t.receiving())
         else {
             return delivered;
         };
@@ -444,13 +572,13 @@ impl Qp {
             return delivered;
         }
         let present = ud.ah.attr.grh.is_some() || self.dev.config.link_layer == LinkLayer::Ethernet;
-        let grh = build_grh(self, &target, &ud.ah.attr, len);
+        let grh = build_grh(self.dev.config.gid, target.gid(), &ud.ah.attr, len);
         self.deliver_send(&target, w, &local.spans, len, Some((&grh, present)))
     }
 }
 
 /// The 40-byte IBA global route header a UD receiver finds before the payload.
-fn build_grh(src: &Qp, dst: &Qp, av: &crate::types::AhAttr, len: u64) -> [u8; GRH_LEN] {
+fn build_grh(sgid: Gid, dgid: Gid, av: &crate::types::AhAttr, len: u64) -> [u8; GRH_LEN] {
     let mut g = [0u8; GRH_LEN];
     let (tclass, flow, hop) = av
         .grh
@@ -460,7 +588,7 @@ fn build_grh(src: &Qp, dst: &Qp, av: &crate::types::AhAttr, len: u64) -> [u8; GR
     g[4..6].copy_from_slice(&(len as u16).to_be_bytes());
     g[6] = 0x1b; // next header: IBA transport
     g[7] = hop;
-    g[8..24].copy_from_slice(&src.dev.config.gid.0);
-    g[24..40].copy_from_slice(&dst.dev.config.gid.0);
+    g[8..24].copy_from_slice(&sgid.0);
+    g[24..40].copy_from_slice(&dgid.0);
     g
 }

@@ -32,7 +32,12 @@ pub struct KeyEntry {
     length: AtomicU64,
     /// IOVA of the first byte (0 for zero-based regions).
     iova: AtomicU64,
-    _reserved: [AtomicU64; 2],
+    /// Where a peer process can map the bytes: the owner's `memfd` descriptor + 1 (0: the
+    /// bytes are in plain process memory), its inode, and the offset of `addr` in it.
+    mem_fd: AtomicU32,
+    _pad: AtomicU32,
+    mem_ino: AtomicU64,
+    mem_off: AtomicU64,
 }
 
 // SAFETY: repr(C), atomics only, valid when zero (state FREE).
@@ -62,7 +67,18 @@ pub struct KeyInfo {
     pub iova: u64,
 }
 
-/// The device's key table.
+/// Where a registration's bytes live, for peers in other processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backing {
+    /// The owner's descriptor of the `memfd` holding the bytes.
+    pub fd: i32,
+    /// Its inode, so a reused descriptor number is never mistaken for it.
+    pub ino: u64,
+    /// Offset of the region's first byte in the `memfd`.
+    pub offset: u64,
+}
+
+/// The device's key table (this process's, or a view of a peer's).
 pub struct KeyTable {
     seg: Segment,
     capacity: u32,
@@ -72,8 +88,22 @@ pub struct KeyTable {
 /// A pinned range of a region: its bytes stay registered until this is dropped.
 pub struct Pin<'a> {
     entry: &'a KeyEntry,
-    /// Host address of the first byte of the checked range.
+    /// Host address (in the owner's address space) of the first byte of the checked range.
     pub host: usize,
+}
+
+impl Pin<'_> {
+    /// Where a peer can map the pinned bytes: the backing and the offset of `host` in it.
+    pub fn backing(&self) -> Option<Backing> {
+        let e = self.entry;
+        let fd = e.mem_fd.load(Ordering::Relaxed);
+        let base = e.addr.load(Ordering::Relaxed);
+        (fd != 0).then(|| Backing {
+            fd: fd as i32 - 1,
+            ino: e.mem_ino.load(Ordering::Relaxed),
+            offset: e.mem_off.load(Ordering::Relaxed) + (self.host as u64 - base),
+        })
+    }
 }
 
 impl Drop for Pin<'_> {
@@ -103,6 +133,37 @@ impl KeyTable {
         })
     }
 
+    /// A view of a table another process created (`free` is unused: only the owner
+    /// registers).
+    pub fn open(seg: Segment) -> Result<KeyTable> {
+        let bad = || Error::InvalidArgument("shared key table: bad header".into());
+        if seg.len() < HEADER {
+            return Err(bad());
+        }
+        let header: &[AtomicU32] = seg.slice(0, 3);
+        let capacity = header[2].load(Ordering::Acquire);
+        let fits = (capacity as usize + 1)
+            .checked_mul(std::mem::size_of::<KeyEntry>())
+            .and_then(|b| b.checked_add(HEADER))
+            .is_some_and(|end| end <= seg.len());
+        if header[0].load(Ordering::Acquire) != MAGIC
+            || header[1].load(Ordering::Acquire) != VERSION
+            || !fits
+        {
+            return Err(bad());
+        }
+        Ok(KeyTable {
+            seg,
+            capacity,
+            free: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The segment holding the table.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
     fn entry(&self, index: u32) -> Option<&KeyEntry> {
         if index == 0 || index > self.capacity {
             return None;
@@ -121,6 +182,7 @@ impl KeyTable {
         length: u64,
         iova: u64,
         access: AccessFlags,
+        backing: Option<Backing>,
     ) -> Result<u32> {
         let index = self
             .free
@@ -138,6 +200,12 @@ impl KeyTable {
         e.addr.store(addr, Ordering::Relaxed);
         e.length.store(length, Ordering::Relaxed);
         e.iova.store(iova, Ordering::Relaxed);
+        let b = backing.filter(|b| b.fd >= 0);
+        e.mem_fd
+            .store(b.map_or(0, |b| b.fd as u32 + 1), Ordering::Relaxed);
+        e.mem_ino.store(b.map_or(0, |b| b.ino), Ordering::Relaxed);
+        e.mem_off
+            .store(b.map_or(0, |b| b.offset), Ordering::Relaxed);
         e.state.store(VALID, Ordering::Release);
         Ok(key)
     }
@@ -154,10 +222,13 @@ impl KeyTable {
         {
             return Err(Error::NotFound(format!("memory key {key:#x}")));
         }
-        // Pins are held only for the duration of one copy, so this wait is short.
-        while e.users.load(Ordering::SeqCst) != 0 {
+        // Pins are held only for the duration of one copy, so this wait is short; a peer
+        // process that died holding a pin must not hang us, hence the bound.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while e.users.load(Ordering::SeqCst) != 0 && std::time::Instant::now() < deadline {
             std::thread::yield_now();
         }
+        e.users.store(0, Ordering::SeqCst);
         e.state.store(FREE, Ordering::Release);
         self.free
             .lock()
@@ -225,7 +296,7 @@ mod tests {
     fn register_pin_deregister() {
         let t = KeyTable::new(4).unwrap();
         let acc = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
-        let k = t.register(7, 0x1000, 100, 0x5000, acc).unwrap();
+        let k = t.register(7, 0x1000, 100, 0x5000, acc, None).unwrap();
         assert_ne!(k, 0);
         let p = t.pin(k, 7, 0x5010, 84, AccessFlags::REMOTE_READ).unwrap();
         assert_eq!(p.host, 0x1010);
@@ -258,7 +329,7 @@ mod tests {
         );
         assert!(t.deregister(k).is_err());
         // The slot is reused with a new generation; the old key stays dead.
-        let k2 = t.register(7, 0x1000, 100, 0x5000, acc).unwrap();
+        let k2 = t.register(7, 0x1000, 100, 0x5000, acc, None).unwrap();
         assert_ne!(k, k2);
         assert!(t.pin(k, 7, 0x5000, 1, AccessFlags::empty()).is_err());
         assert!(t.pin(k2, 7, 0x5000, 1, AccessFlags::empty()).is_ok());
@@ -267,10 +338,10 @@ mod tests {
     #[test]
     fn table_full_is_an_error() {
         let t = KeyTable::new(2).unwrap();
-        t.register(1, 0, 1, 0, AccessFlags::empty()).unwrap();
-        t.register(1, 0, 1, 0, AccessFlags::empty()).unwrap();
+        t.register(1, 0, 1, 0, AccessFlags::empty(), None).unwrap();
+        t.register(1, 0, 1, 0, AccessFlags::empty(), None).unwrap();
         assert!(matches!(
-            t.register(1, 0, 1, 0, AccessFlags::empty()),
+            t.register(1, 0, 1, 0, AccessFlags::empty(), None),
             Err(Error::NoResources(_))
         ));
     }

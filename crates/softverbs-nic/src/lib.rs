@@ -24,6 +24,7 @@ mod exec;
 pub mod keys;
 mod mem;
 pub mod objects;
+mod peer;
 mod progress;
 pub mod qp;
 pub mod ring;

@@ -4,24 +4,56 @@
 //! handed to these functions; a span therefore always lies inside memory its owner registered
 //! and cannot deregister until the pin is dropped.
 //!
-//! This is the same-process accessor (plain pointers). Other accessors (shared mappings,
-//! cross-memory attach) take the same spans once peers live in other processes.
+//! Two accessors: plain pointers (this process's memory, or a peer's `memfd` mapped here), and
+//! cross-memory attach (`process_vm_readv`/`writev`) for a peer's plain process memory. One
+//! system call costs about as much as a whole same-host operation through a mapping, so
+//! mapped memory is the fast path and cross-memory attach the fallback.
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 
-/// A range of bytes in this process's address space.
+/// A range of bytes: in this process (`pid` 0), or in process `pid`'s address space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Span {
     pub addr: usize,
     pub len: usize,
+    pub pid: u32,
 }
 
 impl Span {
     pub(crate) fn of(bytes: &[u8]) -> Span {
-        Span {
-            addr: bytes.as_ptr() as usize,
-            len: bytes.len(),
+        Span::local(bytes.as_ptr() as usize, bytes.len())
+    }
+
+    pub(crate) fn local(addr: usize, len: usize) -> Span {
+        Span { addr, len, pid: 0 }
+    }
+}
+
+/// Copies one piece between this process and `pid` with cross-memory attach.
+fn pvm_piece(local: usize, remote: usize, n: usize, pid: u32, to_remote: bool) -> Result<(), i32> {
+    let l = libc::iovec {
+        iov_base: local as *mut libc::c_void,
+        iov_len: n,
+    };
+    let r = libc::iovec {
+        iov_base: remote as *mut libc::c_void,
+        iov_len: n,
+    };
+    // SAFETY: the local iovec lies in memory the caller vouched for; the kernel checks the
+    // remote one against the peer's mappings and reports EFAULT instead of faulting.
+    let done = unsafe {
+        if to_remote {
+            libc::process_vm_writev(pid as libc::pid_t, &l, 1, &r, 1, 0)
+        } else {
+            libc::process_vm_readv(pid as libc::pid_t, &l, 1, &r, 1, 0)
         }
+    };
+    if done == n as isize {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EFAULT))
     }
 }
 
@@ -30,10 +62,65 @@ impl Span {
 /// reader that acquires it sees every earlier byte: the strict placement order of RDMA WRITE
 /// and SEND that programs polling the last byte of a buffer depend on.
 ///
+/// Spans of another process are reached with cross-memory attach; its failure (the peer is
+/// gone, or the system forbids attaching to it) is returned as the errno.
+///
 /// # Safety
-/// Every `src` span must be valid for reads and every `dst` span valid for writes for the
-/// duration of the call. Spans may overlap (each piece is copied with `memmove` semantics).
-pub(crate) unsafe fn copy_ordered(src: &[Span], dst: &[Span]) -> usize {
+/// Every local `src` span must be valid for reads and every local `dst` span valid for writes
+/// for the duration of the call. Spans may overlap (each piece is copied with `memmove`
+/// semantics).
+pub(crate) unsafe fn copy_ordered(src: &[Span], dst: &[Span]) -> Result<usize, i32> {
+    if src.iter().chain(dst).any(|s| s.pid != 0) {
+        return copy_pvm(src, dst);
+    }
+    // SAFETY: forwarded.
+    Ok(unsafe { copy_local(src, dst) })
+}
+
+/// `copy_ordered` with a peer's plain memory on one side.
+fn copy_pvm(src: &[Span], dst: &[Span]) -> Result<usize, i32> {
+    let total = src
+        .iter()
+        .map(|s| s.len)
+        .sum::<usize>()
+        .min(dst.iter().map(|s| s.len).sum());
+    let (mut si, mut so, mut di, mut d_off, mut done) = (0usize, 0usize, 0usize, 0usize, 0usize);
+    // Body first, then the final byte on its own, so it lands last.
+    for limit in [total.saturating_sub(1), total] {
+        while done < limit {
+            while src[si].len == so {
+                si += 1;
+                so = 0;
+            }
+            while dst[di].len == d_off {
+                di += 1;
+                d_off = 0;
+            }
+            let n = (src[si].len - so)
+                .min(dst[di].len - d_off)
+                .min(limit - done);
+            let (s, d) = (src[si].addr + so, dst[di].addr + d_off);
+            match (src[si].pid, dst[di].pid) {
+                (0, 0) => {
+                    // SAFETY: both local spans are vouched for by the caller.
+                    unsafe { std::ptr::copy(s as *const u8, d as *mut u8, n) }
+                }
+                (0, pid) => pvm_piece(s, d, n, pid, true)?,
+                (pid, 0) => pvm_piece(d, s, n, pid, false)?,
+                _ => return Err(libc::EINVAL),
+            }
+            so += n;
+            d_off += n;
+            done += n;
+        }
+        fence(Ordering::Release);
+    }
+    Ok(total)
+}
+
+/// # Safety
+/// As `copy_ordered`, all spans local.
+unsafe fn copy_local(src: &[Span], dst: &[Span]) -> usize {
     let total = src
         .iter()
         .map(|s| s.len)
@@ -121,10 +208,7 @@ mod tests {
         let base = buf.as_mut_ptr() as usize;
         for &c in cuts.iter().chain(std::iter::once(&buf.len())) {
             let c = c.clamp(start, buf.len());
-            out.push(Span {
-                addr: base + start,
-                len: c - start,
-            });
+            out.push(Span::local(base + start, c - start));
             start = c;
         }
         out
@@ -145,7 +229,7 @@ mod tests {
             let s = spans(&mut src, &src_cuts);
             let d = spans(&mut dst, &dst_cuts);
             // SAFETY: spans cover live local vectors.
-            let n = unsafe { copy_ordered(&s, &d) };
+            let n = unsafe { copy_ordered(&s, &d) }.unwrap();
             let expect = data.len().min(dst_len);
             prop_assert_eq!(n, expect);
             prop_assert_eq!(&dst[..n], &data[..n]);

@@ -129,6 +129,7 @@ impl Pd {
         len: usize,
         iova: u64,
         access: u32,
+        backing: Option<crate::keys::Backing>,
     ) -> Result<Mr> {
         let effective = Self::effective_access(access)?;
         let dev = &self.ctx.dev;
@@ -152,7 +153,7 @@ impl Pd {
         let count = dev.acquire(Resource::Mr)?;
         let key = dev
             .keys
-            .register(self.id, addr as u64, len as u64, iova, effective)?;
+            .register(self.id, addr as u64, len as u64, iova, effective, backing)?;
         Ok(Mr {
             key,
             pd: self.clone(),

@@ -10,14 +10,17 @@ use crate::device::{Counted, Device, PORT_NUM, Resource};
 use crate::error::{Error, Result, inval};
 use crate::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::objects::{Pd, check_av, resolve};
+use crate::peer::{DESTROYED, Export, Listing, QpCtx, publish};
 use crate::rq::{RecvQueue, RecvWqe, Srq};
+use crate::shm::Segment;
 use crate::types::{
     AccessFlags, AhAttr, AsyncEventType, Mtu, QpAttrMask as M, QpState, QpType, SendFlags, Sge,
     WcStatus, ack_timeout, rnr_timer_micros,
 };
 use crate::wr::{Payload, SendWqe};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -125,7 +128,7 @@ pub(crate) struct SendState {
     pending: VecDeque<Pending>,
     posted: u32,
     /// Cached responder of an RC/UC QP.
-    pub(crate) peer: Weak<Qp>,
+    pub(crate) peer: Option<crate::exec::CachedPeer>,
     /// The device the address vector points at.
     pub(crate) peer_dev: Weak<Device>,
     retries: u8,
@@ -160,10 +163,9 @@ pub struct Qp {
     cap: QpCap,
     sq_sig_all: bool,
     // Responder-visible copies of attributes, readable by initiators without the send lock.
-    state: AtomicU32,
-    access: AtomicU32,
-    qkey: AtomicU32,
-    min_rnr_timer: AtomicU32,
+    /// State, rights and exports that requesters in any process read: see [`QpCtx`].
+    ctx: Segment,
+    _listing: Option<Listing>,
     send: Mutex<SendState>,
     me: Weak<Qp>,
     _count: Counted,
@@ -298,7 +300,28 @@ impl Qp {
             max_recv_sge: rq.as_ref().map_or(0, RecvQueue::max_sge),
             max_inline_data: c.max_inline_data,
         };
-        let qpn = dev.alloc_qpn()?;
+        let ctx = Segment::create("softverbs-qp", std::mem::size_of::<QpCtx>())?;
+        let (qpn, listing) = publish_qpn(&dev, &ctx)?;
+        let c: &QpCtx = ctx.at(0);
+        let recv_pd = init.srq.as_ref().map_or(pd.id, |s| s.pd);
+        c.init(qpn, init.qp_type, pd.id, recv_pd);
+        let export = |e: &Export, seg: &Segment| e.set(seg.fd().as_raw_fd(), seg.inode());
+        match (&init.srq, &rq) {
+            (Some(srq), _) => {
+                export(&c.rq, srq.rq.ring().segment());
+                c.srq.store(srq.id + 1, Ordering::Release);
+            }
+            (None, Some(rq)) => export(&c.rq, rq.ring().segment()),
+            (None, None) => {}
+        }
+        export(&c.cq, init.recv_cq.ring().segment());
+        if let Some(ch) = init.recv_cq.channel() {
+            c.chan.set(ch.bell().write_fd_num(), ch.bell().write_ino());
+        }
+        export(&c.keys, dev.keys.segment());
+        export(&c.events, pd.ctx.events.ring().segment());
+        let bell = pd.ctx.events.bell();
+        c.events_bell.set(bell.write_fd_num(), bell.write_ino());
         let qp = Arc::new_cyclic(|me| Qp {
             qpn,
             qp_type: init.qp_type,
@@ -310,10 +333,8 @@ impl Qp {
             rq,
             cap,
             sq_sig_all: init.sq_sig_all,
-            state: AtomicU32::new(QpState::Reset as u32),
-            access: AtomicU32::new(0),
-            qkey: AtomicU32::new(0),
-            min_rnr_timer: AtomicU32::new(0),
+            ctx,
+            _listing: listing,
             send: Mutex::new(SendState {
                 attr: QpAttr {
                     cap,
@@ -322,7 +343,7 @@ impl Qp {
                 },
                 pending: VecDeque::new(),
                 posted: 0,
-                peer: Weak::new(),
+                peer: None,
                 peer_dev: Weak::new(),
                 retries: 0,
                 rnr_retries: 0,
@@ -364,23 +385,27 @@ impl Qp {
         self.sq_sig_all
     }
 
+    pub(crate) fn ctx(&self) -> &QpCtx {
+        self.ctx.at(0)
+    }
+
     /// The current state.
     pub fn state(&self) -> QpState {
-        QpState::from_raw(self.state.load(Ordering::Acquire)).unwrap_or(QpState::Err)
+        QpState::from_raw(self.ctx().state.load(Ordering::Acquire)).unwrap_or(QpState::Err)
     }
 
     pub(crate) fn access(&self) -> AccessFlags {
-        AccessFlags::from_bits_retain(self.access.load(Ordering::Acquire))
+        AccessFlags::from_bits_retain(self.ctx().access.load(Ordering::Acquire))
     }
 
     pub(crate) fn qkey(&self) -> u32 {
-        self.qkey.load(Ordering::Acquire)
+        self.ctx().qkey.load(Ordering::Acquire)
     }
 
     /// The RNR delay this responder asks requesters to wait.
     pub(crate) fn rnr_delay(&self) -> Duration {
         Duration::from_micros(rnr_timer_micros(
-            self.min_rnr_timer.load(Ordering::Acquire) as u8
+            self.ctx().min_rnr_timer.load(Ordering::Acquire) as u8,
         ))
     }
 
@@ -446,6 +471,7 @@ impl Qp {
         let mut a = st.attr.clone();
         apply(&mut a, attr, given);
         if self
+            .ctx()
             .state
             .compare_exchange(cur as u32, next as u32, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
@@ -456,17 +482,19 @@ impl Qp {
             )));
         }
         st.attr = a;
-        self.access
+        self.ctx()
+            .access
             .store(st.attr.qp_access_flags.bits(), Ordering::Release);
-        self.qkey.store(st.attr.qkey, Ordering::Release);
-        self.min_rnr_timer
+        self.ctx().qkey.store(st.attr.qkey, Ordering::Release);
+        self.ctx()
+            .min_rnr_timer
             .store(u32::from(st.attr.min_rnr_timer), Ordering::Release);
         match next {
             QpState::Reset => self.reset(&mut st),
             QpState::Err => self.flush(&mut st),
             QpState::Rtr if cur == QpState::Init && self.qp_type != QpType::Ud => {
                 st.peer_dev = resolve(&self.dev, &st.attr.ah_attr);
-                st.peer = Weak::new();
+                st.peer = None;
             }
             QpState::Sqd if cur == QpState::Rts => {
                 st.sqd_barrier = st.posted;
@@ -477,7 +505,7 @@ impl Qp {
         }
         if mask.contains(M::AV) && next != QpState::Rtr && self.qp_type != QpType::Ud {
             st.peer_dev = resolve(&self.dev, &st.attr.ah_attr);
-            st.peer = Weak::new();
+            st.peer = None;
         }
         self.drive(&mut st);
         Ok(())
@@ -559,16 +587,16 @@ impl Qp {
         };
         st.posted = 0;
         self.dev.sq_retired[self.dev.qpn_index(self.qpn)].store(0, Ordering::Release);
-        st.peer = Weak::new();
+        st.peer = None;
         st.peer_dev = Weak::new();
         st.retries = 0;
         st.rnr_retries = 0;
         st.next_try = None;
         st.notify_drained = false;
         st.last_wqe_reported = false;
-        self.access.store(0, Ordering::Release);
-        self.qkey.store(0, Ordering::Release);
-        self.min_rnr_timer.store(0, Ordering::Release);
+        self.ctx().access.store(0, Ordering::Release);
+        self.ctx().qkey.store(0, Ordering::Release);
+        self.ctx().min_rnr_timer.store(0, Ordering::Release);
     }
 
     /// Completes every queued send (and, in ERR, every posted receive) with `WR_FLUSH_ERR`.
@@ -612,6 +640,7 @@ impl Qp {
     /// with or without the send lock; the flush runs on the progress thread.
     pub(crate) fn responder_error(&self, kind: Option<AsyncEventType>) {
         let moved = self
+            .ctx()
             .state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
                 (s != QpState::Err as u32 && s != QpState::Reset as u32)
@@ -857,6 +886,7 @@ impl Qp {
             QpState::Sqe
         };
         let _ = self
+            .ctx()
             .state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
                 (s != QpState::Err as u32).then_some(next as u32)
@@ -894,8 +924,34 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        // Peers that mapped the context stop at once; the listing goes with `self`.
+        self.ctx().state.store(DESTROYED, Ordering::Release);
         self.dev.unregister_qp(self.qpn);
     }
+}
+
+/// Picks a QP number no QP of this device on the host has, and publishes it.
+fn publish_qpn(dev: &Arc<Device>, ctx: &Segment) -> Result<(u32, Option<Listing>)> {
+    let mut taken = Vec::new();
+    let result = loop {
+        let qpn = match dev.alloc_qpn() {
+            Ok(q) => q,
+            Err(e) => break Err(e),
+        };
+        match publish(dev.config.gid, qpn, ctx) {
+            Ok(Some(listing)) => break Ok((qpn, Some(listing))),
+            Ok(None) => taken.push(qpn),
+            // Without abstract sockets (unusual sandboxes) the QP still works in-process.
+            Err(_) => break Ok((qpn, None)),
+        }
+        if taken.len() > 64 {
+            break Err(Error::NoResources("no free QP number on this host".into()));
+        }
+    };
+    for qpn in taken {
+        dev.unregister_qp(qpn);
+    }
+    result
 }
 
 fn seq_before(a: u32, b: u32) -> bool {

@@ -71,7 +71,9 @@ impl Ring {
             return Err(bad("segment too small"));
         }
         let header: &[AtomicU32] = seg.slice(0, 4);
-        if header[0].load(Ordering::Acquire) != MAGIC || header[1].load(Ordering::Acquire) != VERSION {
+        if header[0].load(Ordering::Acquire) != MAGIC
+            || header[1].load(Ordering::Acquire) != VERSION
+        {
             return Err(bad("bad magic or version"));
         }
         let capacity = header[2].load(Ordering::Acquire);

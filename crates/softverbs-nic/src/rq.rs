@@ -10,7 +10,7 @@ use crate::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::ring::{Ring, SlotPayload};
 use crate::types::{AsyncEventType, Sge};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -47,6 +47,17 @@ impl RecvQueue {
             ring: Ring::new("softverbs-rq", max_wr, payload)?,
             max_sge,
         })
+    }
+
+    /// A view of a queue another process created.
+    pub(crate) fn from_ring(ring: Ring) -> RecvQueue {
+        let max_sge = ((ring.payload_bytes() - std::mem::size_of::<RecvHeader>()) / 16) as u32;
+        RecvQueue { ring, max_sge }
+    }
+
+    /// The ring, for exporting to peers.
+    pub(crate) fn ring(&self) -> &Ring {
+        &self.ring
     }
 
     /// WQEs the queue holds.
@@ -101,12 +112,30 @@ impl RecvQueue {
     }
 }
 
+/// Header word of an SRQ ring holding the armed limit (0: disarmed); in the ring so that
+/// requesters in other processes fire the limit event too.
+const W_LIMIT: usize = 0;
+
+/// Takes a WQE from SRQ ring `rq` for an arriving message, calling `post` with the limit
+/// event when the armed limit is crossed.
+pub(crate) fn srq_take(rq: &RecvQueue, id: u32, post: impl FnOnce(AsyncEvent)) -> Option<RecvWqe> {
+    let w = rq.take()?;
+    let limit = &rq.ring.user_words()[W_LIMIT];
+    let armed = limit.load(Ordering::Acquire);
+    if armed != 0 && rq.len() < armed && limit.swap(0, Ordering::AcqRel) != 0 {
+        post(AsyncEvent {
+            kind: AsyncEventType::SrqLimitReached,
+            element: EventElement::Srq(id),
+        });
+    }
+    Some(w)
+}
+
 /// A shared receive queue.
 pub struct Srq {
     pub(crate) id: u32,
     pub(crate) pd: u32,
     pub(crate) rq: RecvQueue,
-    limit: AtomicU32,
     events: Arc<AsyncQueue>,
     _count: Counted,
 }
@@ -134,11 +163,12 @@ impl Srq {
             return Err(inval("srq_limit exceeds max_wr"));
         }
         let count = dev.acquire(Resource::Srq)?;
+        let rq = RecvQueue::new(max_wr, max_sge)?;
+        rq.ring.user_words()[W_LIMIT].store(limit, Ordering::Release);
         Ok(Arc::new(Srq {
             id: dev.next_id(),
             pd,
-            rq: RecvQueue::new(max_wr, max_sge)?,
-            limit: AtomicU32::new(limit),
+            rq,
             events,
             _count: count,
         }))
@@ -159,7 +189,7 @@ impl Srq {
         (
             self.rq.capacity(),
             self.rq.max_sge(),
-            self.limit.load(Ordering::Acquire),
+            self.rq.ring.user_words()[W_LIMIT].load(Ordering::Acquire),
         )
     }
 
@@ -173,21 +203,13 @@ impl Srq {
         if limit > self.rq.capacity() {
             return Err(inval("srq_limit exceeds max_wr"));
         }
-        self.limit.store(limit, Ordering::Release);
+        self.rq.ring.user_words()[W_LIMIT].store(limit, Ordering::Release);
         Ok(())
     }
 
     /// Takes a WQE for an arriving message, firing the limit event when it is crossed.
     pub(crate) fn take(&self) -> Option<RecvWqe> {
-        let w = self.rq.take()?;
-        let limit = self.limit.load(Ordering::Acquire);
-        if limit != 0 && self.rq.len() < limit && self.limit.swap(0, Ordering::AcqRel) != 0 {
-            self.events.push(AsyncEvent {
-                kind: AsyncEventType::SrqLimitReached,
-                element: EventElement::Srq(self.id),
-            });
-        }
-        Some(w)
+        srq_take(&self.rq, self.id, |ev| self.events.push(ev))
     }
 }
 

@@ -44,8 +44,13 @@ impl ProtectionDomain {
         // SAFETY: `buf` is borrowed mutably for 'a, the region's lifetime, so the memory stays
         // valid and nothing else in safe Rust touches it while registered.
         let mr = unsafe {
-            self.inner
-                .reg_mr(buf.as_mut_ptr() as usize, buf.len(), iova, access.bits())?
+            self.inner.reg_mr(
+                buf.as_mut_ptr() as usize,
+                buf.len(),
+                iova,
+                access.bits(),
+                None,
+            )?
         };
         Ok(MemoryRegion {
             mr,
@@ -68,7 +73,10 @@ impl ProtectionDomain {
         access: AccessFlags,
     ) -> Result<MemoryRegion<'static>> {
         // SAFETY: forwarded to the caller.
-        let mr = unsafe { self.inner.reg_mr(addr as usize, len, iova, access.bits())? };
+        let mr = unsafe {
+            self.inner
+                .reg_mr(addr as usize, len, iova, access.bits(), None)?
+        };
         Ok(MemoryRegion {
             mr,
             _backing: None,
@@ -88,6 +96,12 @@ impl ProtectionDomain {
                 len,
                 seg.as_ptr() as u64,
                 access.bits(),
+                // Peer processes map the memfd and place data with plain stores.
+                Some(softverbs_nic::keys::Backing {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(&seg.fd()),
+                    ino: seg.inode(),
+                    offset: 0,
+                }),
             )?
         };
         Ok(MemoryRegion {

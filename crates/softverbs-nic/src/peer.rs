@@ -1,0 +1,457 @@
+//! Queue pairs of other processes on this host: how they are published, found and reached.
+//!
+//! Every QP publishes a context segment ([`QpCtx`]) naming, by descriptor number and inode,
+//! the segments a requester needs: the receive ring (or SRQ ring), the receive CQ ring and its
+//! channel's doorbell, the key table, and the owner's async event queue. Discovery uses two
+//! abstract Unix socket names, which the kernel removes when the owner dies:
+//! `softverbs/<gid>/<qpn>` (bound first: it makes the QP number unique on the host) and
+//! `softverbs/<gid>/<qpn>/<pid>/<fd>/<inode>` (found by a requester in `/proc/net/unix`). The
+//! requester opens the segments through `/proc/<pid>/fd/<n>` and from then on acts on the
+//! target's device memory directly: the target runs no code for it.
+
+use crate::cq::{Cqe, Pushed, W_ID, push_ring};
+use crate::error::{Error, Result};
+use crate::event::{AsyncEvent, EventElement, post_event, ring_fd};
+use crate::keys::{KeyTable, Pin};
+use crate::mem::Span;
+use crate::ring::Ring;
+use crate::rq::{RecvQueue, RecvWqe, srq_take};
+use crate::shm::{Segment, ShmPlain};
+use crate::types::{AccessFlags, AsyncEventType, Gid, QpState, QpType, WcOpcode, WcStatus};
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketType, bind, socket};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const CTX_MAGIC: u32 = 0x5150_4358; // "QPCX"
+const CTX_VERSION: u32 = 1;
+/// `state` value of a destroyed QP: peers holding a mapping must stop using it.
+pub(crate) const DESTROYED: u32 = 0xdead;
+
+/// A descriptor a peer can open: the owner's fd number + 1 (0: none) and its inode.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct Export {
+    fd: AtomicU32,
+    _pad: AtomicU32,
+    ino: AtomicU64,
+}
+
+impl Export {
+    pub(crate) fn set(&self, fd: i32, ino: u64) {
+        self.ino.store(ino, Ordering::Relaxed);
+        self.fd.store(fd as u32 + 1, Ordering::Release);
+    }
+
+    fn get(&self) -> Option<(i32, u64)> {
+        let fd = self.fd.load(Ordering::Acquire);
+        (fd != 0).then(|| (fd as i32 - 1, self.ino.load(Ordering::Relaxed)))
+    }
+}
+
+/// The shared part of a QP: what a requester in any process reads and writes.
+#[repr(C)]
+pub(crate) struct QpCtx {
+    magic: AtomicU32,
+    version: AtomicU32,
+    pub(crate) qpn: AtomicU32,
+    pub(crate) qp_type: AtomicU32,
+    pub(crate) pd: AtomicU32,
+    pub(crate) recv_pd: AtomicU32,
+    pub(crate) owner_pid: AtomicU32,
+    pub(crate) state: AtomicU32,
+    pub(crate) access: AtomicU32,
+    pub(crate) qkey: AtomicU32,
+    pub(crate) min_rnr_timer: AtomicU32,
+    /// SRQ id + 1 when receives come from an SRQ (0: the QP's own queue).
+    pub(crate) srq: AtomicU32,
+    pub(crate) rq: Export,
+    pub(crate) cq: Export,
+    pub(crate) chan: Export,
+    pub(crate) keys: Export,
+    pub(crate) events: Export,
+    pub(crate) events_bell: Export,
+}
+
+// SAFETY: repr(C), atomics only, valid when zero.
+unsafe impl ShmPlain for QpCtx {}
+
+impl QpCtx {
+    pub(crate) fn init(&self, qpn: u32, qp_type: QpType, pd: u32, recv_pd: u32) {
+        self.qpn.store(qpn, Ordering::Relaxed);
+        self.qp_type.store(qp_type as u32, Ordering::Relaxed);
+        self.pd.store(pd, Ordering::Relaxed);
+        self.recv_pd.store(recv_pd, Ordering::Relaxed);
+        self.owner_pid.store(std::process::id(), Ordering::Relaxed);
+        self.version.store(CTX_VERSION, Ordering::Relaxed);
+        self.magic.store(CTX_MAGIC, Ordering::Release);
+    }
+}
+
+/// A QP's listing: holding it keeps the QP number taken and findable.
+pub(crate) struct Listing {
+    _lock: OwnedFd,
+    _info: OwnedFd,
+}
+
+fn gid_hex(gid: Gid) -> String {
+    gid.0.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn bind_abstract(name: &str) -> Result<Option<OwnedFd>> {
+    let sock = socket(AddressFamily::UNIX, SocketType::DGRAM, None).map_err(Error::os("socket"))?;
+    let addr =
+        SocketAddrUnix::new_abstract_name(name.as_bytes()).map_err(Error::os("socket name"))?;
+    match bind(&sock, &addr) {
+        Ok(()) => Ok(Some(sock)),
+        Err(rustix::io::Errno::ADDRINUSE) => Ok(None),
+        Err(e) => Err(Error::os("bind")(e)),
+    }
+}
+
+/// Publishes QP `qpn` of the device with `gid`; `None` if another process has that number.
+pub(crate) fn publish(gid: Gid, qpn: u32, ctx: &Segment) -> Result<Option<Listing>> {
+    let base = format!("softverbs/{}/{qpn:06x}", gid_hex(gid));
+    let Some(lock) = bind_abstract(&base)? else {
+        return Ok(None);
+    };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.fd());
+    let info = format!("{base}/{}/{fd}/{}", std::process::id(), ctx.inode());
+    let info = bind_abstract(&info)?.ok_or_else(|| Error::Busy("QP listing name taken".into()))?;
+    Ok(Some(Listing {
+        _lock: lock,
+        _info: info,
+    }))
+}
+
+/// Finds the owner of QP `qpn` on the device with `gid`: (pid, context fd, inode).
+fn lookup(gid: Gid, qpn: u32) -> Option<(u32, i32, u64)> {
+    let prefix = format!("@softverbs/{}/{qpn:06x}/", gid_hex(gid));
+    let table = std::fs::read_to_string("/proc/net/unix").ok()?;
+    table.lines().find_map(|line| {
+        let name = line.split_whitespace().last()?;
+        let mut it = name.strip_prefix(&prefix)?.split('/');
+        Some((
+            it.next()?.parse().ok()?,
+            it.next()?.parse().ok()?,
+            it.next()?.parse().ok()?,
+        ))
+    })
+}
+
+/// Opens descriptor `fd` of process `pid`, checking that it is still the object with `ino`.
+fn open_peer_fd(pid: u32, fd: i32, ino: u64, write_only: bool) -> Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = if write_only {
+        OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC
+    } else {
+        OFlags::RDWR | OFlags::CLOEXEC
+    };
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let f = rustix::fs::open(path.as_str(), flags, Mode::empty()).map_err(|e| match e {
+        rustix::io::Errno::ACCESS | rustix::io::Errno::PERM => Error::Os {
+            what: "opening a peer's device memory through /proc/<pid>/fd \
+                   (peers must run as the same user; check the ptrace/hidepid settings)",
+            errno: e,
+        },
+        e => Error::os("open /proc/<pid>/fd")(e),
+    })?;
+    let st = rustix::fs::fstat(&f).map_err(Error::os("fstat"))?;
+    if st.st_ino != ino {
+        return Err(Error::NotFound(format!(
+            "peer descriptor {pid}/{fd} was replaced"
+        )));
+    }
+    Ok(f)
+}
+
+fn open_export(pid: u32, e: &Export, write_only: bool) -> Result<Option<OwnedFd>> {
+    e.get()
+        .map(|(fd, ino)| open_peer_fd(pid, fd, ino, write_only))
+        .transpose()
+}
+
+/// A QP of another process, mapped into this one.
+pub(crate) struct RemoteQp {
+    pid: u32,
+    ctx: Segment,
+    qpn: u32,
+    qp_type: QpType,
+    rq: RecvQueue,
+    srq_id: Option<u32>,
+    cq: Ring,
+    chan: Option<OwnedFd>,
+    keys: KeyTable,
+    events: Ring,
+    events_bell: OwnedFd,
+    gid: Gid,
+    maps: Mutex<HashMap<(i32, u64), Arc<Segment>>>,
+    checked: Mutex<Instant>,
+    dead: AtomicBool,
+    clock: crate::clock::Clock,
+}
+
+/// How often a requester checks that a peer process is still alive.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(1);
+
+impl RemoteQp {
+    /// Finds and maps QP `qpn` of the device with `gid`, if another process on this host
+    /// has it.
+    pub(crate) fn open(gid: Gid, qpn: u32, clock: crate::clock::Clock) -> Option<Arc<RemoteQp>> {
+        let (pid, fd, ino) = lookup(gid, qpn)?;
+        if pid == std::process::id() {
+            return None;
+        }
+        match Self::map(gid, qpn, pid, fd, ino, clock) {
+            Ok(q) => Some(Arc::new(q)),
+            Err(e) => {
+                report_once(&e);
+                None
+            }
+        }
+    }
+
+    fn map(
+        gid: Gid,
+        qpn: u32,
+        pid: u32,
+        fd: i32,
+        ino: u64,
+        clock: crate::clock::Clock,
+    ) -> Result<RemoteQp> {
+        let bad = |what: &str| Error::InvalidArgument(format!("peer QP context: {what}"));
+        let ctx = Segment::open(open_peer_fd(pid, fd, ino, false)?)?;
+        if ctx.len() < std::mem::size_of::<QpCtx>() {
+            return Err(bad("too small"));
+        }
+        let c: &QpCtx = ctx.at(0);
+        if c.magic.load(Ordering::Acquire) != CTX_MAGIC
+            || c.version.load(Ordering::Acquire) != CTX_VERSION
+            || c.qpn.load(Ordering::Acquire) != qpn
+        {
+            return Err(bad("bad header"));
+        }
+        let qp_type =
+            QpType::from_raw(c.qp_type.load(Ordering::Acquire)).ok_or_else(|| bad("type"))?;
+        let need = |e: &Export| open_export(pid, e, false)?.ok_or_else(|| bad("missing segment"));
+        let rq = RecvQueue::from_ring(Ring::open(Segment::open(need(&c.rq)?)?)?);
+        let cq = Ring::open(Segment::open(need(&c.cq)?)?)?;
+        let keys = KeyTable::open(Segment::open(need(&c.keys)?)?)?;
+        let events = Ring::open(Segment::open(need(&c.events)?)?)?;
+        let events_bell =
+            open_export(pid, &c.events_bell, true)?.ok_or_else(|| bad("no event bell"))?;
+        let chan = open_export(pid, &c.chan, true)?;
+        let srq = c.srq.load(Ordering::Acquire);
+        Ok(RemoteQp {
+            pid,
+            qpn,
+            qp_type,
+            rq,
+            srq_id: srq.checked_sub(1),
+            cq,
+            chan,
+            keys,
+            events,
+            events_bell,
+            gid,
+            maps: Mutex::new(HashMap::new()),
+            checked: Mutex::new(Instant::now()),
+            dead: AtomicBool::new(false),
+            clock,
+            ctx,
+        })
+    }
+
+    fn ctx(&self) -> &QpCtx {
+        self.ctx.at(0)
+    }
+
+    /// False once the owner is gone (checked at most every millisecond) or the QP destroyed.
+    pub(crate) fn alive(&self) -> bool {
+        if self.dead.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.ctx().state.load(Ordering::Acquire) == DESTROYED {
+            self.dead.store(true, Ordering::Relaxed);
+            return false;
+        }
+        let mut checked = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+        if checked.elapsed() >= LIVENESS_INTERVAL {
+            *checked = Instant::now();
+            let pid = rustix::process::Pid::from_raw(self.pid as i32);
+            let alive = pid.is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+                && std::fs::metadata(format!("/proc/{}/fd", self.pid)).is_ok();
+            if !alive {
+                self.dead.store(true, Ordering::Relaxed);
+                return false;
+            }
+        }
+        true
+    }
+
+    pub(crate) fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    pub(crate) fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+    pub(crate) fn gid(&self) -> Gid {
+        self.gid
+    }
+    pub(crate) fn state(&self) -> u32 {
+        self.ctx().state.load(Ordering::Acquire)
+    }
+    pub(crate) fn access(&self) -> AccessFlags {
+        AccessFlags::from_bits_retain(self.ctx().access.load(Ordering::Acquire))
+    }
+    pub(crate) fn qkey(&self) -> u32 {
+        self.ctx().qkey.load(Ordering::Acquire)
+    }
+    pub(crate) fn min_rnr_timer(&self) -> u8 {
+        self.ctx().min_rnr_timer.load(Ordering::Acquire) as u8
+    }
+    pub(crate) fn pd(&self) -> u32 {
+        self.ctx().pd.load(Ordering::Acquire)
+    }
+    pub(crate) fn recv_pd(&self) -> u32 {
+        self.ctx().recv_pd.load(Ordering::Acquire)
+    }
+    pub(crate) fn keys(&self) -> &KeyTable {
+        &self.keys
+    }
+
+    pub(crate) fn take_recv(&self) -> Option<RecvWqe> {
+        match self.srq_id {
+            Some(id) => srq_take(&self.rq, id, |ev| self.post(ev)),
+            None => self.rq.take(),
+        }
+    }
+
+    fn post(&self, ev: AsyncEvent) {
+        post_event(&self.events, self.events_bell.as_fd(), ev);
+    }
+
+    /// Pushes a receive completion into the owner's CQ, signalling as the owner would.
+    pub(crate) fn push_recv(&self, mut cqe: Cqe) {
+        cqe.timestamp = self.clock.now_raw();
+        match push_ring(&self.cq, &cqe) {
+            Pushed::Queued { notify } => {
+                if notify && let Some(ch) = &self.chan {
+                    ring_fd(ch.as_fd());
+                }
+            }
+            Pushed::Lost { first } => {
+                if first {
+                    let id = self.cq.user_words()[W_ID].load(Ordering::Acquire);
+                    self.post(AsyncEvent {
+                        kind: AsyncEventType::CqErr,
+                        element: EventElement::Cq(id),
+                    });
+                }
+                self.responder_error(Some(AsyncEventType::QpFatal));
+            }
+        }
+    }
+
+    /// The responder side of an error: the owner's QP goes to ERR, its posted receives are
+    /// flushed (here: nothing in the owner needs to run), and it gets `event`.
+    pub(crate) fn responder_error(&self, event: Option<AsyncEventType>) {
+        let moved = self
+            .ctx()
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (s != QpState::Err as u32 && s != QpState::Reset as u32 && s != DESTROYED)
+                    .then_some(QpState::Err as u32)
+            })
+            .is_ok();
+        if !moved {
+            return;
+        }
+        if let Some(kind) = event {
+            self.post(AsyncEvent {
+                kind,
+                element: EventElement::Qp(self.qpn),
+            });
+        }
+        if self.srq_id.is_none() {
+            while let Some(w) = self.rq.take() {
+                self.push_recv(Cqe {
+                    wr_id: w.wr_id,
+                    status: WcStatus::WrFlushErr as u8,
+                    opcode: WcOpcode::Recv as u8,
+                    qp_num: self.qpn,
+                    ..Cqe::default()
+                });
+            }
+        }
+    }
+
+    /// Where the pinned bytes are for this process: a mapping of the owner's memfd, or
+    /// (plain process memory) the owner's address, reached with cross-memory attach.
+    pub(crate) fn place(&self, pin: &Pin<'_>, len: usize) -> Result<Span> {
+        let Some(b) = pin.backing() else {
+            return Ok(Span {
+                addr: pin.host,
+                len,
+                pid: self.pid,
+            });
+        };
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let seg = match maps.get(&(b.fd, b.ino)) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(Segment::open(open_peer_fd(self.pid, b.fd, b.ino, false)?)?);
+                maps.insert((b.fd, b.ino), s.clone());
+                s
+            }
+        };
+        let end = b.offset.checked_add(len as u64);
+        if end.is_none_or(|e| e > seg.len() as u64) {
+            return Err(Error::InvalidArgument(
+                "peer registration outside its memfd".into(),
+            ));
+        }
+        Ok(Span {
+            addr: seg.as_ptr() as usize + b.offset as usize,
+            len,
+            pid: 0,
+        })
+    }
+}
+
+/// Says once per process why a peer could not be reached (the data path has no other voice).
+fn report_once(e: &Error) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!("softverbs: cannot reach a QP of another process: {e}");
+    }
+}
+
+/// A process-wide cache of mapped peer QPs.
+#[derive(Default)]
+pub(crate) struct Peers {
+    map: Mutex<HashMap<u32, Arc<RemoteQp>>>,
+}
+
+impl Peers {
+    /// The live peer QP `qpn` of the device with `gid`.
+    pub(crate) fn get(
+        &self,
+        gid: Gid,
+        qpn: u32,
+        clock: crate::clock::Clock,
+    ) -> Option<Arc<RemoteQp>> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(q) = map.get(&qpn) {
+            if q.alive() {
+                return Some(q.clone());
+            }
+            map.remove(&qpn);
+        }
+        let q = RemoteQp::open(gid, qpn, clock)?;
+        map.insert(qpn, q.clone());
+        Some(q)
+    }
+}
