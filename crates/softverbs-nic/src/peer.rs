@@ -429,10 +429,15 @@ fn report_once(e: &Error) {
     }
 }
 
+/// How long a failed lookup is remembered: UD sends to a QP number nobody has must not scan
+/// `/proc/net/unix` every time.
+const MISS_TTL: Duration = Duration::from_millis(50);
+
 /// A process-wide cache of mapped peer QPs.
 #[derive(Default)]
 pub(crate) struct Peers {
     map: Mutex<HashMap<u32, Arc<RemoteQp>>>,
+    misses: Mutex<HashMap<u32, Instant>>,
 }
 
 impl Peers {
@@ -450,8 +455,21 @@ impl Peers {
             }
             map.remove(&qpn);
         }
-        let q = RemoteQp::open(gid, qpn, clock)?;
-        map.insert(qpn, q.clone());
-        Some(q)
+        let mut misses = self.misses.lock().unwrap_or_else(|e| e.into_inner());
+        if misses.get(&qpn).is_some_and(|t| t.elapsed() < MISS_TTL) {
+            return None;
+        }
+        match RemoteQp::open(gid, qpn, clock) {
+            Some(q) => {
+                misses.remove(&qpn);
+                map.insert(qpn, q.clone());
+                Some(q)
+            }
+            None => {
+                misses.retain(|_, t| t.elapsed() < MISS_TTL);
+                misses.insert(qpn, Instant::now());
+                None
+            }
+        }
     }
 }
