@@ -49,11 +49,28 @@ fn pvm_piece(local: usize, remote: usize, n: usize, pid: u32, to_remote: bool) -
         }
     };
     if done == n as isize {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EFAULT))
+        return Ok(());
+    }
+    let errno = std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EFAULT);
+    if errno == libc::EPERM {
+        explain_eperm(pid);
+    }
+    Err(errno)
+}
+
+/// The data path has no caller to return this to, so it says it once on stderr; the
+/// operation itself fails with an error completion.
+fn explain_eperm(pid: u32) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "softverbs: the system refused cross-memory attach to process {pid} (EPERM), so \
+             RDMA into its plain (non-softverbs) memory fails. Either register memory from \
+             `alloc_mr` (shared memory, mapped instead of attached), run both processes as \
+             the same user, or relax the ptrace policy: sysctl kernel.yama.ptrace_scope=0."
+        );
     }
 }
 
