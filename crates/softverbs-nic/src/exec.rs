@@ -192,19 +192,16 @@ impl Qp {
     }
 
     /// The connected responder, if it is on this host and accepting messages.
+    ///
+    /// Once found, the responder is remembered until the QP is reconnected: if it goes away,
+    /// a QP that later takes its number (here or in another process) is a stranger whose
+    /// PSNs would not match, so nothing is delivered to it and the requester times out.
     fn peer(&self, st: &mut SendState) -> Option<Target> {
-        let dest = st.attr.dest_qp_num;
-        let cached = match &st.peer {
-            Some(CachedPeer::Local(w)) => w.upgrade().filter(|p| p.qpn == dest).map(Target::Local),
-            Some(CachedPeer::Remote(r)) if r.qpn() == dest && r.alive() => {
-                Some(Target::Remote(r.clone()))
-            }
-            _ => None,
-        };
-        let peer = match cached {
-            Some(p) => p,
+        let peer = match &st.peer {
+            Some(CachedPeer::Local(w)) => Target::Local(w.upgrade()?),
+            Some(CachedPeer::Remote(r)) => Target::Remote(r.clone()),
             None => {
-                let p = find_target(&*st.peer_dev.upgrade()?, dest)?;
+                let p = find_target(&*st.peer_dev.upgrade()?, st.attr.dest_qp_num)?;
                 st.peer = Some(match &p {
                     Target::Local(q) => CachedPeer::Local(Arc::downgrade(q)),
                     Target::Remote(r) => CachedPeer::Remote(r.clone()),
