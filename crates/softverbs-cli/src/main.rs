@@ -4,6 +4,8 @@
 //! devices and turns errors into `softverbs: <error>` and exit status 1.
 
 mod devinfo;
+mod oob;
+mod perf;
 mod pingpong;
 
 use clap::{Parser, Subcommand};
@@ -30,8 +32,15 @@ struct Cli {
 enum Command {
     /// Print device and port attributes, like `ibv_devinfo`.
     Devinfo(devinfo::Args),
-    /// SEND/RECV ping-pong: round-trip latency and bandwidth between two QPs.
+    /// SEND/RECV ping-pong: round-trip latency and bandwidth between two QPs (two threads
+    /// with --loopback; else a server and a client process, like `ibv_rc_pingpong`).
     Pingpong(pingpong::Args),
+    /// RDMA latency and bandwidth between two processes, beside a cache-line ping-pong and
+    /// memcpy as baselines.
+    Perf(perf::Args),
+    /// The second process of `perf` (started by it).
+    #[command(name = "perf-peer", hide = true)]
+    PerfPeer(perf::PeerArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +77,8 @@ fn dispatch(command: &Command) -> Result<()> {
     match command {
         Command::Devinfo(args) => devinfo::run(args),
         Command::Pingpong(args) => pingpong::run(args),
+        Command::Perf(args) => perf::run(args),
+        Command::PerfPeer(args) => perf::run_peer(args),
     }
 }
 
@@ -117,8 +128,16 @@ mod tests {
     #[test]
     fn bad_input_is_an_error() {
         let cases: &[(&[&str], &str)] = &[
-            (&["pingpong"], "not implemented yet: use --loopback"),
-            (&["pingpong", "host"], "client mode"),
+            // Server and client mode check their options before listening or connecting.
+            (&["pingpong", "-n", "0"], "at least 1"),
+            (&["pingpong", "--timeout", "0"], "--timeout"),
+            (&["pingpong", "-p", "0", "localhost"], "-p 0"),
+            (
+                &["pingpong", "--timeout", "1", "-p", "1", "127.0.0.1"],
+                "cannot connect to 127.0.0.1 port 1 within 1 s",
+            ),
+            (&["perf", "--iters", "0"], "at least 1"),
+            (&["perf", "-d", "nope"], "no device named"),
             (&["pingpong", "--loopback", "-n", "0"], "at least 1"),
             (
                 &["pingpong", "--loopback", "--transport", "ud", "-s", "4097"],

@@ -4,11 +4,12 @@
 //! The two ends are written as they would be in two processes: each opens its own context,
 //! creates its PD, CQ, QP and memory region, and learns its peer's address ([`Endpoint`]) only
 //! through an out-of-band [`OobLink`] that carries one JSON message at a time. `--loopback`
-//! runs both ends in this process, one thread each, joined by an in-memory link. The TCP mode
-//! (server and client in different processes or hosts) will implement [`OobLink`] over a
-//! socket; nothing else needs to change.
+//! runs both ends in this process, one thread each, joined by an in-memory link. Without it
+//! the ends are two processes joined by TCP, as with `ibv_rc_pingpong`: the server (no host
+//! argument) waits for one client and echoes; the client connects, measures and reports.
 
 use crate::Result;
+use crate::oob::{ChannelLink, OobLink, PeerError, PeerFailed, TcpLink, watch_for_failure};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use softverbs::{
@@ -19,7 +20,6 @@ use softverbs::{
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Q_Key both UD ends use (the one `ibv_ud_pingpong` uses).
@@ -33,8 +33,12 @@ const COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Empty CQ polls between yields of the CPU, and between abort/timeout checks.
 const YIELD_EVERY: u32 = 4;
 const CHECK_EVERY: u32 = 256;
-/// How long to wait for a message from the peer on the out-of-band link.
+/// How long the loopback ends wait for a message from each other on the out-of-band link.
 const LINK_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `--timeout` of the TCP modes, in seconds.
+const DEFAULT_TIMEOUT_S: u64 = 30;
+/// How often the TCP modes look at the link for a failed peer while the RDMA traffic runs.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
 /// Default message size.
 const DEFAULT_SIZE: u64 = 4096;
 
@@ -69,7 +73,7 @@ impl Transport {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run both ends in this process, one thread each (the only mode for now).
+    /// Run both ends in this process, one thread each (no server, no client).
     #[arg(long)]
     loopback: bool,
     /// Transport of the queue pairs.
@@ -92,12 +96,17 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Server to connect to (TCP client mode; not implemented yet).
+    /// Server to connect to (client mode). Without it (and without --loopback) this end is
+    /// the server: it waits for one client on the TCP port.
     #[arg(value_name = "SERVER", conflicts_with = "loopback")]
     server: Option<String>,
-    /// TCP port for the address exchange (TCP mode; not implemented yet).
+    /// TCP port of the address exchange (server: 0 picks a free port and prints it).
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
+    /// Seconds to wait for the other end: for a client to connect (server), for the server
+    /// to accept (client), and for each message of the address exchange.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TIMEOUT_S)]
+    timeout: u64,
 }
 
 /// The validated parameters of a run.
@@ -144,6 +153,9 @@ impl Config {
             }
         };
         let size = usize::try_from(size).map_err(|_| format!("-s {size}: too large"))?;
+        if args.timeout == 0 {
+            return Err("--timeout must be at least 1 second".into());
+        }
         Ok(Config {
             transport: args.transport,
             size,
@@ -156,20 +168,52 @@ impl Config {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    if !args.loopback {
-        let mode = match &args.server {
-            Some(host) => format!(
-                "client mode (connecting to {host} on TCP port {})",
-                args.port
-            ),
-            None => format!("server mode (listening on TCP port {})", args.port),
-        };
-        return Err(format!("pingpong {mode} is not implemented yet: use --loopback").into());
+    if args.server.is_some() && args.port == 0 {
+        return Err("-p 0: give the port the server listens on".into());
     }
     let device = crate::find_device(args.device.as_deref())?;
     let cfg = Config::new(args, &device)?;
-    let stats = loopback(&device, &cfg)?;
-    let report = Report::new(&cfg, device.name(), &stats);
+    let timeout = Duration::from_secs(args.timeout);
+    let report = match &args.server {
+        _ if args.loopback => {
+            let stats = loopback(&device, &cfg)?;
+            Report::new(&cfg, device.name(), Mode::Loopback, &stats)
+        }
+        Some(host) => {
+            let mut link = TcpLink::connect(host, args.port, timeout, timeout)?;
+            let peer = format!("{host} port {}", args.port);
+            let stats = over_tcp(Role::Client, &device, &cfg, &mut link)?
+                .ok_or("the client produced no measurements")?;
+            Report::new(&cfg, device.name(), Mode::Client(peer), &stats)
+        }
+        None => {
+            let listener = TcpLink::listen(([0, 0, 0, 0], args.port).into())?;
+            let port = listener.local_addr()?.port();
+            // On standard error, so that --json output stays one object; a script that
+            // passes -p 0 reads the port from here.
+            eprintln!(
+                "pingpong: waiting for a client on TCP port {port} (for {} s)",
+                args.timeout
+            );
+            let mut link = TcpLink::accept(&listener, timeout, timeout, || Ok(()))?;
+            drop(listener);
+            over_tcp(Role::Server, &device, &cfg, &mut link)?;
+            let served = Served {
+                mode: "server",
+                transport: cfg.transport,
+                device: device.name().into(),
+                size: cfg.size as u64,
+                iterations: cfg.iters,
+                peer: link.peer().to_string(),
+            };
+            let text = if args.json {
+                format!("{}\n", serde_json::to_string(&served)?)
+            } else {
+                served.text()
+            };
+            return crate::write_stdout(&text);
+        }
+    };
     let text = if args.json {
         let mut s = serde_json::to_string(&report)?;
         s.push('\n');
@@ -181,47 +225,7 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The out-of-band link: how the two ends swap addresses and synchronise.
-
-/// Carries whole messages (one JSON document each) between the two ends, in order.
-/// Loopback uses [`ChannelLink`]; the TCP mode will send newline-terminated lines.
-trait OobLink {
-    fn send(&mut self, msg: String) -> Result<()>;
-    fn recv(&mut self) -> Result<String>;
-}
-
-/// One end of an in-process link.
-struct ChannelLink {
-    tx: mpsc::Sender<String>,
-    rx: mpsc::Receiver<String>,
-}
-
-impl ChannelLink {
-    fn pair() -> (ChannelLink, ChannelLink) {
-        let (a_tx, b_rx) = mpsc::channel();
-        let (b_tx, a_rx) = mpsc::channel();
-        (
-            ChannelLink { tx: a_tx, rx: a_rx },
-            ChannelLink { tx: b_tx, rx: b_rx },
-        )
-    }
-}
-
-impl OobLink for ChannelLink {
-    fn send(&mut self, msg: String) -> Result<()> {
-        self.tx.send(msg).map_err(|_| PeerFailed.into())
-    }
-
-    fn recv(&mut self) -> Result<String> {
-        match self.rx.recv_timeout(LINK_TIMEOUT) {
-            Ok(m) => Ok(m),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(PeerFailed.into()),
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                Err(format!("the peer sent nothing for {} s", LINK_TIMEOUT.as_secs()).into())
-            }
-        }
-    }
-}
+// The out-of-band protocol: how the two ends swap addresses and synchronise.
 
 /// What one end tells the other: its QP address and the run parameters (to catch two ends
 /// started with different options).
@@ -234,6 +238,7 @@ struct WireEndpoint {
     gid: String,
     transport: Transport,
     size: u64,
+    iters: u64,
 }
 
 /// The messages of the out-of-band protocol.
@@ -244,6 +249,9 @@ enum Wire {
     Endpoint(WireEndpoint),
     /// "My receives are posted" (before the first message) / "I am done" (after the last).
     Ready,
+    /// "I stop because of this" (TCP modes: sent by an end that fails, so the other end can
+    /// report the cause).
+    Error { error: String },
 }
 
 fn send_wire(link: &mut dyn OobLink, msg: &Wire) -> Result<()> {
@@ -252,8 +260,11 @@ fn send_wire(link: &mut dyn OobLink, msg: &Wire) -> Result<()> {
 
 fn recv_wire(link: &mut dyn OobLink) -> Result<Wire> {
     let text = link.recv()?;
-    serde_json::from_str(&text)
-        .map_err(|e| format!("bad message from the peer ({e}): {text}").into())
+    match serde_json::from_str(&text) {
+        Ok(Wire::Error { error }) => Err(PeerError(error).into()),
+        Ok(w) => Ok(w),
+        Err(e) => Err(format!("bad message from the peer ({e}): {text}").into()),
+    }
 }
 
 /// Swaps endpoints with the peer and checks that both ends run the same test.
@@ -265,18 +276,26 @@ fn exchange(link: &mut dyn OobLink, cfg: &Config, local: &Endpoint) -> Result<En
         gid: local.gid.to_string(),
         transport: cfg.transport,
         size: cfg.size as u64,
+        iters: cfg.iters,
     };
     send_wire(link, &Wire::Endpoint(mine))?;
     let Wire::Endpoint(theirs) = recv_wire(link)? else {
         return Err("the peer sent `ready` before its address".into());
     };
-    if theirs.transport != cfg.transport || theirs.size != cfg.size as u64 {
+    let settings = |t: Transport, size: u64, iters: u64| {
+        format!(
+            "--transport {} -s {size} -n {iters}",
+            t.label().to_lowercase()
+        )
+    };
+    let (ours, peers) = (
+        settings(cfg.transport, cfg.size as u64, cfg.iters),
+        settings(theirs.transport, theirs.size, theirs.iters),
+    );
+    if ours != peers {
         return Err(format!(
-            "the peer runs {} with {} bytes, this end {} with {} bytes",
-            theirs.transport.label(),
-            theirs.size,
-            cfg.transport.label(),
-            cfg.size
+            "the two ends run different tests: this end {ours}, the other end {peers}; \
+             start both with the same --transport, -s and -n"
         )
         .into());
     }
@@ -300,18 +319,6 @@ fn barrier(link: &mut dyn OobLink) -> Result<()> {
         other => Err(format!("expected `ready` from the peer, got {other:?}").into()),
     }
 }
-
-/// The error of an end whose peer failed first: the peer's error is the one to report.
-#[derive(Debug)]
-struct PeerFailed;
-
-impl std::fmt::Display for PeerFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the other end stopped")
-    }
-}
-
-impl std::error::Error for PeerFailed {}
 
 // ---------------------------------------------------------------------------------------------
 // One end of the ping-pong.
@@ -577,11 +584,19 @@ impl<'a> End<'a> {
                 .zip(&self.want)
                 .position(|(g, w)| g != w)
                 .unwrap_or(0);
-            return Err(format!(
+            let mut msg = format!(
                 "data mismatch in {name} {iter} at byte {at}: expected {:#04x}, got {:#04x}",
                 self.want[at], self.got[at]
-            )
-            .into());
+            );
+            // A message in the other direction is this end's own: it was delivered back here.
+            pattern(&mut self.want, iter, PING + PONG - dir);
+            if self.cfg.size > 8 && self.got == self.want {
+                msg.push_str(
+                    " (this end's own message came back: the NIC delivered it to a QP of this \
+                     process, not to the peer's)",
+                );
+            }
+            return Err(msg.into());
         }
         self.post_recv(slot)
     }
@@ -697,7 +712,7 @@ fn spawn_end<'scope, 'env>(
 /// Runs both ends in this process, each on its own thread.
 fn loopback(device: &Device, cfg: &Config) -> Result<Stats> {
     let abort = AtomicBool::new(false);
-    let (client_link, server_link) = ChannelLink::pair();
+    let (client_link, server_link) = ChannelLink::pair(LINK_TIMEOUT);
     let (client, server) = std::thread::scope(|s| {
         let server = spawn_end(s, Role::Server, device, cfg, server_link, &abort);
         let client = spawn_end(s, Role::Client, device, cfg, client_link, &abort);
@@ -724,7 +739,100 @@ fn loopback(device: &Device, cfg: &Config) -> Result<Stats> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Two processes, joined by TCP.
+
+/// Runs one end against a peer in another process (or host), joined by `link`. An end that
+/// fails tells its peer why before it closes the link; the peer stops within moments (it
+/// watches the link while the RDMA traffic runs) and reports that cause.
+fn over_tcp(
+    role: Role,
+    device: &Device,
+    cfg: &Config,
+    link: &mut TcpLink,
+) -> Result<Option<Stats>> {
+    let peer = match role {
+        Role::Client => "the server",
+        Role::Server => "the client",
+    };
+    let watch = link.stream_clone()?;
+    let abort = AtomicBool::new(false);
+    let done = AtomicBool::new(false);
+    let result = std::thread::scope(|s| {
+        let watcher = std::thread::Builder::new()
+            .name("pingpong-watch".into())
+            .spawn_scoped(s, || watch_for_failure(&watch, &abort, &done, WATCH_EVERY));
+        let r = run_end(role, device, cfg, link, &abort);
+        done.store(true, Ordering::Relaxed);
+        if let Ok(w) = watcher {
+            let _ = w.join();
+        }
+        r
+    });
+    let err = match result {
+        Ok(stats) => return Ok(stats),
+        Err(e) => e,
+    };
+    if err.is::<PeerError>() {
+        return Err(format!("{peer} failed: {err}").into());
+    }
+    if !err.is::<PeerFailed>() {
+        // Our own failure: tell the peer (best effort; it may be gone already).
+        let _ = send_wire(
+            link,
+            &Wire::Error {
+                error: err.to_string(),
+            },
+        );
+        return Err(err);
+    }
+    // The peer stopped first: find out why, if it said (skipping messages that were
+    // already on their way, such as its `ready`).
+    for _ in 0..4 {
+        match recv_wire(link) {
+            Ok(_) => continue,
+            Err(e) if e.is::<PeerError>() => return Err(format!("{peer} failed: {e}").into()),
+            Err(_) => break,
+        }
+    }
+    Err(format!("{peer} closed the connection without saying why (did it crash?)").into())
+}
+
+/// What the server prints: the client's end has the measurements.
+#[derive(Debug, Serialize)]
+struct Served {
+    mode: &'static str,
+    transport: Transport,
+    device: String,
+    size: u64,
+    iterations: u64,
+    /// The client's address.
+    peer: String,
+}
+
+impl Served {
+    fn text(&self) -> String {
+        format!(
+            "pingpong: served {iters} {transport} SEND/RECV round trips of {size} bytes on \
+             {device} to {peer} (data checked; the client reports the figures)\n",
+            iters = self.iterations,
+            transport = self.transport.label(),
+            size = self.size,
+            device = self.device,
+            peer = self.peer,
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Results.
+
+/// Where the two ends ran.
+enum Mode {
+    /// Two threads of this process.
+    Loopback,
+    /// This process is the client of the server at the given place.
+    Client(String),
+}
 
 /// The results, as `--json` prints them.
 #[derive(Debug, Serialize)]
@@ -732,6 +840,9 @@ struct Report {
     transport: Transport,
     device: String,
     mode: &'static str,
+    /// The server (client mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server: Option<String>,
     size: u64,
     iterations: u64,
     /// Payload bytes moved in both directions.
@@ -752,7 +863,7 @@ struct Report {
 }
 
 impl Report {
-    fn new(cfg: &Config, device: &str, stats: &Stats) -> Report {
+    fn new(cfg: &Config, device: &str, mode: Mode, stats: &Stats) -> Report {
         let bytes = 2 * cfg.size as u64 * cfg.iters;
         let secs = stats.elapsed.as_secs_f64().max(1e-9);
         let us = |ns: u64| ns as f64 / 1000.0;
@@ -763,7 +874,14 @@ impl Report {
         Report {
             transport: cfg.transport,
             device: device.into(),
-            mode: "loopback",
+            mode: match mode {
+                Mode::Loopback => "loopback",
+                Mode::Client(_) => "client",
+            },
+            server: match mode {
+                Mode::Loopback => None,
+                Mode::Client(server) => Some(server),
+            },
             size: cfg.size as u64,
             iterations: cfg.iters,
             bytes,
@@ -783,7 +901,7 @@ impl Report {
 
     fn text(&self) -> String {
         format!(
-            "pingpong: {transport} SEND/RECV on {device}, loopback (two threads)\n\
+            "pingpong: {transport} SEND/RECV on {device}, {mode}\n\
              \x20 transport:   {transport}\n\
              \x20 size:        {size} bytes\n\
              \x20 iterations:  {iters} round trips, {bytes} bytes in {elapsed} (data checked)\n\
@@ -792,6 +910,10 @@ impl Report {
              \x20 half RTT:    p50 {hp50:.2} µs   p99 {hp99:.2} µs   max {hmax:.2} µs\n",
             transport = self.transport.label(),
             device = self.device,
+            mode = match &self.server {
+                None => "loopback (two threads)".to_string(),
+                Some(server) => format!("client of {server} (two processes)"),
+            },
             size = self.size,
             iters = self.iterations,
             bytes = self.bytes,
@@ -862,6 +984,13 @@ mod tests {
         // The payload of exchange 0 checked as exchange 1.
         let err = b.check_recv(&wc, 1, PING).unwrap_err().to_string();
         assert!(err.contains("data mismatch in ping 1 at byte 0"), "{err}");
+        assert!(!err.contains("own message"), "{err}");
+        // A ping where a pong is due: named as this end's own message.
+        a.fill_send(1, PING).unwrap();
+        a.post_send(1).unwrap();
+        let wc = b.wait_recv().unwrap();
+        let err = b.check_recv(&wc, 1, PONG).unwrap_err().to_string();
+        assert!(err.contains("own message came back"), "{err}");
     }
 
     #[test]
@@ -899,7 +1028,7 @@ mod tests {
 
     #[test]
     fn wire_messages_round_trip() {
-        let (mut x, mut y) = ChannelLink::pair();
+        let (mut x, mut y) = ChannelLink::pair(LINK_TIMEOUT);
         let c = cfg(Transport::Ud, 64);
         let ep = Endpoint {
             qpn: 0x42,
@@ -915,7 +1044,7 @@ mod tests {
 
     #[test]
     fn mismatched_ends_are_refused() {
-        let (mut x, mut y) = ChannelLink::pair();
+        let (mut x, mut y) = ChannelLink::pair(LINK_TIMEOUT);
         let ep = Endpoint {
             qpn: 1,
             psn: 0,
@@ -925,5 +1054,111 @@ mod tests {
         let t = std::thread::spawn(move || exchange(&mut y, &cfg(Transport::Rc, 8), &ep));
         assert!(exchange(&mut x, &cfg(Transport::Rc, 16), &ep).is_err());
         assert!(t.join().unwrap().is_err());
+    }
+
+    /// A server and a client link over TCP on 127.0.0.1 (an ephemeral port), one per thread.
+    fn tcp_pair() -> (TcpLink, TcpLink) {
+        let t = Duration::from_secs(10);
+        let listener = TcpLink::listen(([127, 0, 0, 1], 0).into()).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = std::thread::spawn(move || TcpLink::connect("127.0.0.1", port, t, t));
+        let server = TcpLink::accept(&listener, t, t, || Ok(())).unwrap();
+        (server, client.join().unwrap().unwrap())
+    }
+
+    #[test]
+    fn tcp_link_exchanges_endpoints_and_refuses_mismatches() {
+        let ep = |qpn| Endpoint {
+            qpn,
+            psn: 0x123456,
+            lid: 3,
+            gid: "::ffff:127.0.0.1".parse().unwrap(),
+        };
+        // Same settings: each end learns the other's endpoint.
+        let (mut s, mut c) = tcp_pair();
+        let t = std::thread::spawn(move || exchange(&mut c, &cfg(Transport::Uc, 64), &ep(2)));
+        assert_eq!(
+            exchange(&mut s, &cfg(Transport::Uc, 64), &ep(1)).unwrap(),
+            ep(2)
+        );
+        assert_eq!(t.join().unwrap().unwrap(), ep(1));
+
+        // Different transport, size or iterations: both ends refuse, naming both settings.
+        let mut other_iters = cfg(Transport::Rc, 64);
+        other_iters.iters = 7;
+        for theirs in [cfg(Transport::Ud, 64), cfg(Transport::Rc, 32), other_iters] {
+            let (mut s, mut c) = tcp_pair();
+            let t = std::thread::spawn(move || exchange(&mut c, &theirs, &ep(2)));
+            let mine = exchange(&mut s, &cfg(Transport::Rc, 64), &ep(1));
+            let theirs = t.join().unwrap();
+            for err in [mine.unwrap_err(), theirs.unwrap_err()] {
+                let err = err.to_string();
+                assert!(err.contains("the two ends run different tests"), "{err}");
+                assert!(err.contains("--transport rc -s 64 -n 200"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn whole_runs_over_tcp() {
+        let dev = crate::find_device(None).unwrap();
+        for t in [Transport::Rc, Transport::Uc, Transport::Ud] {
+            let c = cfg(t, 256);
+            let (mut s, mut cl) = tcp_pair();
+            let (stats, served) = std::thread::scope(|sc| {
+                let server = sc.spawn(|| over_tcp(Role::Server, &dev, &c, &mut s));
+                let stats = over_tcp(Role::Client, &dev, &c, &mut cl);
+                (stats, server.join().unwrap())
+            });
+            assert_eq!(stats.unwrap().unwrap().rtt_ns.len(), 200, "{t:?}");
+            assert!(served.unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn a_failing_peer_stops_the_run_with_its_reason() {
+        let dev = crate::find_device(None).unwrap();
+        let c = cfg(Transport::Rc, 64);
+        for say_why in [true, false] {
+            let (mut s, mut cl) = tcp_pair();
+            let t0 = Instant::now();
+            let client = std::thread::scope(|sc| {
+                // A server that connects, then fails instead of answering the first ping.
+                sc.spawn(|| {
+                    let abort = AtomicBool::new(false);
+                    let mut end = End::new(&dev, &c, &abort).unwrap();
+                    let remote = exchange(&mut s, &c, &end.endpoint().unwrap()).unwrap();
+                    end.connect(&remote).unwrap();
+                    barrier(&mut s).unwrap();
+                    end.wait_recv().unwrap();
+                    if say_why {
+                        let error = "injected failure".to_string();
+                        send_wire(&mut s, &Wire::Error { error }).unwrap();
+                    }
+                    drop(s);
+                });
+                over_tcp(Role::Client, &dev, &c, &mut cl)
+            });
+            let err = client.err().unwrap().to_string();
+            let want = if say_why {
+                "the server failed: injected failure"
+            } else {
+                "the server closed the connection without saying why"
+            };
+            assert_eq!(
+                err,
+                if say_why {
+                    want.to_string()
+                } else {
+                    format!("{want} (did it crash?)")
+                }
+            );
+            // The watcher noticed at once, not after the completion time-out.
+            assert!(
+                t0.elapsed() < COMPLETION_TIMEOUT / 2,
+                "took {:?}",
+                t0.elapsed()
+            );
+        }
     }
 }

@@ -1,0 +1,1688 @@
+//! `softverbs perf`: RDMA latency and bandwidth between two processes of one host, each
+//! figure beside the baseline it cannot beat.
+//!
+//! The process started by the user (A) re-executes itself as a second process (B, the hidden
+//! `perf-peer` subcommand); the two swap endpoints over a TCP connection on 127.0.0.1 and then:
+//!
+//! - **RDMA WRITE latency** (64 B), as perftest's `ib_write_lat` measures it: A writes into
+//!   B's buffer; B spins on the last byte of its buffer until it changes, then writes back
+//!   into A's buffer, where A spins likewise. Half the round trip is the latency.
+//! - **SEND latency** (64 B): a ping-pong of SENDs into pre-posted receives, both ends polling
+//!   their CQs.
+//! - **RDMA WRITE bandwidth** (64 KiB and 1 MiB): A keeps a queue of writes outstanding for a
+//!   fixed total; B does nothing until it checks the bytes at the end.
+//!
+//! and the baselines: a **cache-line ping-pong** through shared memory between the same two
+//! processes (the floor of any cross-process latency on this machine) and single-thread
+//! **memcpy** bandwidth (the ceiling of any copy). Every wait has a time limit, the peer's
+//! failures are reported by the peer over the link, and a watchdog ends the run (and the peer)
+//! if this process stops making progress.
+
+use crate::Result;
+use crate::oob::{OobLink, PeerError, PeerFailed, TcpLink, watch_for_failure};
+use serde::{Deserialize, Serialize};
+use softverbs::{
+    AccessFlags, CompletionQueue, Context, Device, Endpoint, MemoryRegion, ProtectionDomain, QpCap,
+    QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, WorkCompletion,
+};
+use std::hash::BuildHasher;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Message size of the latency tests.
+const LAT_SIZE: usize = 64;
+/// Message sizes of the bandwidth tests.
+const BW_SIZES: [usize; 2] = [64 << 10, 1 << 20];
+/// Round trips of each latency test, normally and with `--quick`.
+const DEFAULT_ITERS: u64 = 10_000;
+const QUICK_ITERS: u64 = 1_000;
+/// Bytes each bandwidth figure (and its memcpy baseline) moves, normally and with `--quick`.
+const BW_TOTAL: u64 = 1 << 30;
+const QUICK_BW_TOTAL: u64 = 64 << 20;
+/// Runs of the memcpy baseline (the best counts).
+const MEMCPY_TRIALS: u64 = 5;
+/// A bandwidth test stops early (and reports what it moved) after this long.
+const BW_TIME_CAP: Duration = Duration::from_secs(10);
+/// The cache-line ping-pong runs this many times the round trips of the RDMA tests...
+const CACHELINE_FACTOR: u64 = 100;
+/// ... timed in batches of this many (reading the clock every round would double the figure).
+const CACHELINE_BATCH: u64 = 64;
+/// Writes the bandwidth test keeps outstanding (perftest's default `--tx-depth`).
+const TX_DEPTH: u64 = 128;
+/// Every CQ_MOD-th bandwidth write is signaled.
+const CQ_MOD: u64 = 16;
+/// Every SIGNAL_EVERY-th latency message is signaled (and so frees the send queue).
+const SIGNAL_EVERY: u64 = 32;
+/// Receives each end of the SEND latency test keeps posted.
+const RX_DEPTH: usize = 16;
+/// Send queue depth of the latency tests (at most 2 × SIGNAL_EVERY are ever outstanding).
+const LAT_SQ_DEPTH: u32 = 128;
+/// How long a spin may wait for the peer's next message or completion.
+const SPIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait for a message on the link (the peer starts, or finishes a step).
+const LINK_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the peer process may take to start and connect.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// The watchdog ends the run when this process makes no progress for this long.
+const STALL_LIMIT: Duration = Duration::from_secs(25);
+/// Spins of a wait before it starts to yield the CPU (and to check its limits); with a single
+/// CPU to run on, spinning only delays the peer, so waits yield almost at once.
+const PURE_SPINS: u32 = 1 << 14;
+const PURE_SPINS_ONE_CPU: u32 = 4;
+/// After that, checks of the time limit happen every this many spins.
+const CHECK_EVERY: u32 = 256;
+/// How often the link is looked at for a failed peer.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+/// Direction tags in latency payloads.
+const PING: u8 = 0x50;
+const PONG: u8 = 0x51;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Round trips of each latency test [default: 10000; with --quick 1000]; the cache-line
+    /// baseline runs 100 times as many.
+    #[arg(short = 'n', long, value_name = "N")]
+    iters: Option<u64>,
+    /// Small counts, for smoke checks (a few seconds): 1000 round trips, and 64 MiB instead
+    /// of 1 GiB per bandwidth figure.
+    #[arg(long)]
+    quick: bool,
+    /// Device to use (default: the first device).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEVICE")]
+    device: Option<String>,
+}
+
+/// The arguments of the second process, which `perf` starts itself.
+#[derive(clap::Args)]
+pub struct PeerArgs {
+    /// TCP port on 127.0.0.1 to connect to.
+    #[arg(long)]
+    port: u16,
+    /// File descriptor of the shared page (inherited from the parent).
+    #[arg(long)]
+    shm_fd: u32,
+    /// Process id of the parent (the peer exits if it is gone).
+    #[arg(long)]
+    parent: i32,
+    /// Device to use.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEVICE")]
+    device: Option<String>,
+}
+
+/// What to run: the same numbers on both ends.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// Measured round trips of each latency test.
+    iters: u64,
+    /// Round trips run first and not measured.
+    warmup: u64,
+    /// Bytes per bandwidth figure.
+    bw_total: u64,
+}
+
+impl Plan {
+    fn new(args: &Args) -> Result<Plan> {
+        let iters = args.iters.unwrap_or(if args.quick {
+            QUICK_ITERS
+        } else {
+            DEFAULT_ITERS
+        });
+        if iters == 0 {
+            return Err("--iters must be at least 1".into());
+        }
+        if iters > u64::MAX / (2 * CACHELINE_FACTOR) {
+            return Err(format!("--iters {iters}: too many").into());
+        }
+        Ok(Plan {
+            iters,
+            warmup: (iters / 10).clamp(1, 10_000),
+            bw_total: if args.quick { QUICK_BW_TOTAL } else { BW_TOTAL },
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The protocol between the two processes (JSON, one message per line).
+
+/// A QP's address plus the buffer peers may write into.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct WireEp {
+    qpn: u32,
+    psn: u32,
+    lid: u16,
+    gid: String,
+    addr: u64,
+    rkey: u32,
+}
+
+impl WireEp {
+    fn endpoint(&self) -> Result<Endpoint> {
+        Ok(Endpoint {
+            qpn: self.qpn,
+            psn: self.psn,
+            lid: self.lid,
+            gid: self
+                .gid
+                .parse()
+                .map_err(|_| format!("the peer sent a bad GID `{}`", self.gid))?,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Test {
+    WriteLat,
+    SendLat,
+    WriteBw,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+enum Msg {
+    /// The first message each way.
+    Hello { pid: u32 },
+    /// A → B: play the cache-line ping-pong for `rounds` round trips, from value `base`.
+    CacheLine { rounds: u64, base: u64 },
+    /// A → B: set up for `test` (`rounds` round trips, or a `size`-byte target) and connect
+    /// to A's endpoint.
+    Rdma {
+        test: Test,
+        rounds: u64,
+        size: u64,
+        ep: WireEp,
+    },
+    /// B → A: B's endpoint; B is connected and its receives are posted.
+    Endpoint { ep: WireEp },
+    /// B → A: ready to start (cache line).
+    Ready,
+    /// A → B: the bandwidth writes are done: check your buffer.
+    Check,
+    /// B → A: the test is over on this side.
+    Done,
+    /// A → B: exit.
+    Quit,
+    /// Either way: "I stop because of this".
+    Error { error: String },
+}
+
+fn send(link: &mut TcpLink, msg: &Msg) -> Result<()> {
+    link.send(serde_json::to_string(msg)?)
+}
+
+fn recv(link: &mut TcpLink) -> Result<Msg> {
+    let text = link.recv()?;
+    match serde_json::from_str(&text) {
+        Ok(Msg::Error { error }) => Err(PeerError(error).into()),
+        Ok(m) => Ok(m),
+        Err(e) => Err(format!("bad message from the peer process ({e}): {text}").into()),
+    }
+}
+
+/// Receives the message `want` names, or fails.
+fn expect(link: &mut TcpLink, want: &str, pick: impl FnOnce(Msg) -> Option<Msg>) -> Result<Msg> {
+    let got = recv(link)?;
+    let shown = format!("{got:?}");
+    pick(got).ok_or_else(|| format!("expected `{want}` from the peer process, got {shown}").into())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting: spins that yield when slow, and give up.
+
+/// What every wait checks: the peer's failure (set by the link watcher) and, through the
+/// heartbeat, the watchdog.
+struct Guard {
+    abort: AtomicBool,
+    beats: AtomicU64,
+    pure_spins: u32,
+}
+
+impl Guard {
+    fn new() -> Guard {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Guard {
+            abort: AtomicBool::new(false),
+            beats: AtomicU64::new(0),
+            pure_spins: if cpus > 1 {
+                PURE_SPINS
+            } else {
+                PURE_SPINS_ONE_CPU
+            },
+        }
+    }
+
+    fn beat(&self) {
+        self.beats.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Calls `attempt(slow)` until it yields a value. The first spins are tight; after that
+    /// the wait yields the CPU now and then (the peer may share this CPU), `slow` is true
+    /// every few hundred calls (for costlier checks, such as polling for error completions),
+    /// and after SPIN_TIMEOUT, or when the peer has failed, the wait is an error.
+    #[inline]
+    fn spin<T>(
+        &self,
+        what: &dyn Fn() -> String,
+        mut attempt: impl FnMut(bool) -> Result<Option<T>>,
+    ) -> Result<T> {
+        for _ in 0..self.pure_spins {
+            if let Some(v) = attempt(false)? {
+                return Ok(v);
+            }
+            std::hint::spin_loop();
+        }
+        let start = Instant::now();
+        let mut n = 0u32;
+        loop {
+            n = n.wrapping_add(1);
+            let slow = n % CHECK_EVERY == 0;
+            if let Some(v) = attempt(slow)? {
+                return Ok(v);
+            }
+            if n % 16 == 0 || self.pure_spins < PURE_SPINS {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            if slow {
+                self.beat();
+                if self.abort.load(Ordering::Relaxed) {
+                    return Err(PeerFailed.into());
+                }
+                if start.elapsed() > SPIN_TIMEOUT {
+                    return Err(
+                        format!("{}: nothing for {} s", what(), SPIN_TIMEOUT.as_secs()).into(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Ends the run if this process makes no progress (heartbeats) for STALL_LIMIT: kills the
+/// peer process and exits with status 1. It guards against a call that never returns, which
+/// no time limit of ours could interrupt.
+struct Watchdog {
+    stop: Arc<AtomicBool>,
+    phase: Arc<std::sync::Mutex<String>>,
+}
+
+impl Watchdog {
+    fn start(guard: Arc<Guard>, peer_pid: u32) -> Watchdog {
+        let stop = Arc::new(AtomicBool::new(false));
+        let phase = Arc::new(std::sync::Mutex::new(String::from("starting")));
+        let (stop2, phase2) = (stop.clone(), phase.clone());
+        let body = move || {
+            let mut last = guard.beats.load(Ordering::Relaxed);
+            let mut since = Instant::now();
+            while !stop2.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                let now = guard.beats.load(Ordering::Relaxed);
+                if now != last {
+                    (last, since) = (now, Instant::now());
+                } else if since.elapsed() > STALL_LIMIT {
+                    let phase = phase2.lock().map(|p| p.clone()).unwrap_or_default();
+                    if let Some(pid) = rustix::process::Pid::from_raw(peer_pid as i32) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                    eprintln!(
+                        "softverbs: perf: {phase}: no progress for {} s; stopped (and killed \
+                         the peer process {peer_pid})",
+                        STALL_LIMIT.as_secs()
+                    );
+                    std::process::exit(1);
+                }
+            }
+        };
+        // Without a watchdog the other time limits still hold; only a stuck call is unguarded.
+        let _ = std::thread::Builder::new()
+            .name("perf-watchdog".into())
+            .spawn(body);
+        Watchdog { stop, phase }
+    }
+
+    fn current_phase(&self) -> String {
+        self.phase.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    fn phase(&self, guard: &Guard, phase: &str) {
+        guard.beat();
+        if let Ok(mut p) = self.phase.lock() {
+            phase.clone_into(&mut p);
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cache-line baseline: one shared page, one counter bounced between two processes.
+
+/// A shared mapping of one page of a file (a memfd) that both processes map.
+struct SharedPage {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl SharedPage {
+    /// Maps the first page of `file`, which must be at least that long.
+    fn map(file: &std::fs::File) -> Result<SharedPage> {
+        let len = rustix::param::page_size();
+        let size = file.metadata()?.len();
+        if size < len as u64 {
+            return Err(format!("the shared page is {size} bytes, expected {len}").into());
+        }
+        // SAFETY: a new shared mapping at an address the kernel picks, so it aliases no Rust
+        // object; the file is at least `len` bytes (checked above), so no access faults.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                file,
+                0,
+            )
+        }
+        .map_err(|e| format!("mapping the shared page: {e}"))?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or("mmap returned null")?;
+        Ok(SharedPage { ptr, len })
+    }
+
+    /// The counter, alone in the page's first cache line.
+    fn ball(&self) -> &AtomicU64 {
+        // SAFETY: the mapping is page-aligned (so 8-aligned), at least 8 bytes, and lives as
+        // long as `&self`; every access to it, in either process, is atomic, and all-zero
+        // (a fresh memfd) is a valid `AtomicU64`.
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().cast::<u64>()) }
+    }
+}
+
+impl Drop for SharedPage {
+    fn drop(&mut self) {
+        // SAFETY: exactly the range `map` mapped; no reference from `ball` outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A memfd of one page, to be inherited by the peer process.
+fn create_shared_page() -> Result<std::fs::File> {
+    let fd = rustix::fs::memfd_create("softverbs-perf", rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| format!("memfd_create: {e}"))?;
+    rustix::fs::ftruncate(&fd, rustix::param::page_size() as u64)
+        .map_err(|e| format!("sizing the shared page: {e}"))?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// A side's part of the cache-line ping-pong: A (`serve == false`) stores odd values and
+/// waits for the next even one; B stores the even ones. Returns A's samples: the time of a
+/// round trip, averaged over each batch of CACHELINE_BATCH, in ns.
+fn cacheline(
+    ball: &AtomicU64,
+    base: u64,
+    rounds: u64,
+    warmup: u64,
+    serve: bool,
+    guard: &Guard,
+) -> Result<Vec<f64>> {
+    let what = || "cache-line ping-pong: the peer process stopped answering".to_string();
+    let mut samples = Vec::with_capacity((rounds / CACHELINE_BATCH) as usize + 1);
+    let mut t0 = Instant::now();
+    for k in 0..warmup + rounds {
+        let (ping, pong) = (base + 2 * k + 1, base + 2 * k + 2);
+        if serve {
+            guard.spin(&what, |_| {
+                Ok((ball.load(Ordering::Acquire) == ping).then_some(()))
+            })?;
+            ball.store(pong, Ordering::Release);
+            continue;
+        }
+        let m = k.wrapping_sub(warmup);
+        if k >= warmup && m % CACHELINE_BATCH == 0 {
+            let now = Instant::now();
+            if m > 0 {
+                samples.push(ns(now - t0) / CACHELINE_BATCH as f64);
+            }
+            t0 = now;
+            guard.beat();
+        }
+        ball.store(ping, Ordering::Release);
+        guard.spin(&what, |_| {
+            Ok((ball.load(Ordering::Acquire) == pong).then_some(()))
+        })?;
+    }
+    if !serve {
+        let tail = rounds % CACHELINE_BATCH;
+        let last = if tail == 0 { CACHELINE_BATCH } else { tail };
+        samples.push(ns(t0.elapsed()) / last as f64);
+    }
+    Ok(samples)
+}
+
+fn ns(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e9
+}
+
+// ---------------------------------------------------------------------------------------------
+// The memcpy baseline.
+
+/// Single-thread copy bandwidth of `size`-byte buffers, in 10^9 bytes/s: the best of
+/// MEMCPY_TRIALS runs that copy `total` bytes between them (the best, because what a copy
+/// can do is the question, and other processes on the machine only ever slow it down).
+fn memcpy_gb_s(size: usize, total: u64, guard: &Guard) -> f64 {
+    let src: Vec<u8> = (0..size).map(|j| pattern_byte(j, size)).collect();
+    let mut dst = vec![0u8; size];
+    let reps = (total / size as u64 / MEMCPY_TRIALS).max(1);
+    dst.copy_from_slice(&src); // fault the pages in
+    let mut best = 0.0f64;
+    for _ in 0..MEMCPY_TRIALS {
+        let t0 = Instant::now();
+        for r in 0..reps {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+            if r % 256 == 0 {
+                guard.beat();
+            }
+        }
+        let gb_s = (reps * size as u64) as f64 / t0.elapsed().as_secs_f64().max(1e-9) / 1e9;
+        best = best.max(gb_s);
+    }
+    best
+}
+
+/// The bytes of a bandwidth test's message.
+fn pattern_byte(j: usize, size: usize) -> u8 {
+    ((j as u32).wrapping_mul(2_654_435_761) >> 24) as u8 ^ (size.trailing_zeros() as u8)
+}
+
+// ---------------------------------------------------------------------------------------------
+// RDMA: one side's verbs objects.
+
+/// One side of an RDMA test: an RC QP with its own send and receive CQs, and one memory
+/// region that peers may write.
+struct Side {
+    // Dropped in this order: QP, memory, CQs, PD, context.
+    qp: QueuePair,
+    mr: MemoryRegion<'static>,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    _pd: ProtectionDomain,
+    _ctx: Context,
+    psn: u32,
+    /// Signaled sends posted and not yet polled.
+    signaled: u64,
+}
+
+impl Side {
+    fn new(device: &Device, mr_len: usize, sq: u32, rq: u32) -> Result<Side> {
+        let ctx = device.open()?;
+        let pd = ctx.alloc_pd()?;
+        let send_cq = ctx.create_cq(sq, None)?;
+        let recv_cq = ctx.create_cq(rq.max(1), None)?;
+        let qp = pd.create_qp(&QpInitAttr {
+            cap: QpCap {
+                max_send_wr: sq,
+                max_recv_wr: rq.max(1),
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            ..QpInitAttr::new(QpType::Rc, &send_cq, &recv_cq)
+        })?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr = pd
+            .alloc_mr(mr_len, access)
+            .map_err(|e| format!("registering {mr_len} bytes: {e}"))?;
+        // A random 24-bit starting PSN, as perftest picks one.
+        let psn = (std::collections::hash_map::RandomState::new().hash_one(qp.qp_num()) & 0xff_ffff)
+            as u32;
+        Ok(Side {
+            qp,
+            mr,
+            send_cq,
+            recv_cq,
+            _pd: pd,
+            _ctx: ctx,
+            psn,
+            signaled: 0,
+        })
+    }
+
+    fn endpoint(&self) -> Result<WireEp> {
+        let ep = self.qp.endpoint(self.psn)?;
+        Ok(WireEp {
+            qpn: ep.qpn,
+            psn: ep.psn,
+            lid: ep.lid,
+            gid: ep.gid.to_string(),
+            addr: self.mr.iova(),
+            rkey: self.mr.rkey(),
+        })
+    }
+
+    fn connect(&self, remote: &WireEp) -> Result<()> {
+        self.qp
+            .connect(&remote.endpoint()?, self.psn, AccessFlags::REMOTE_WRITE)
+            .map_err(|e| format!("connecting the QP: {e}").into())
+    }
+
+    /// Polls the send CQ: counts signaled completions, and turns error completions (which
+    /// unsignaled requests produce too) into errors.
+    fn reap(&mut self, what: &str) -> Result<()> {
+        let mut wcs = [WorkCompletion::default(); 8];
+        loop {
+            let n = self.send_cq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                check_wc(wc, what)?;
+                self.signaled = self.signaled.saturating_sub(1);
+            }
+            if n < wcs.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits until every signaled send has completed.
+    fn drain(&mut self, guard: &Guard, what: &str) -> Result<()> {
+        let wait = || format!("{what}: waiting for send completions");
+        while self.signaled > 0 {
+            let before = self.signaled;
+            guard.spin(&wait, |_| {
+                self.reap(what)?;
+                Ok((self.signaled < before).then_some(()))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Posts one latency-test message (`op`) of LAT_SIZE bytes from offset 0; every
+    /// SIGNAL_EVERY-th (and the `last`) is signaled, after the previous signaled one is
+    /// polled, so the send queue never fills.
+    fn post_lat(
+        &mut self,
+        round: u64,
+        op: SendOp,
+        last: bool,
+        guard: &Guard,
+        what: &str,
+    ) -> Result<()> {
+        let signaled = last || (round + 1) % SIGNAL_EVERY == 0;
+        if signaled {
+            self.drain(guard, what)?;
+        }
+        let sge = [self.mr.sge(0..LAT_SIZE)];
+        let flags = if signaled {
+            SendFlags::SIGNALED
+        } else {
+            SendFlags::empty()
+        };
+        self.qp
+            .post_send([SendWr::new(round, op, &sge).flags(flags)])
+            .map_err(|e| format!("{what}: posting round {round}: {e}"))?;
+        if signaled {
+            self.signaled += 1;
+        }
+        Ok(())
+    }
+}
+
+fn check_wc(wc: &WorkCompletion, what: &str) -> Result<()> {
+    if wc.is_ok() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what}: work request {} completed with {:?} (vendor_err {})",
+        wc.wr_id(),
+        wc.status(),
+        wc.vendor_err()
+    )
+    .into())
+}
+
+/// Writes the header of a latency message: the round, then the direction.
+fn put_header(mr: &MemoryRegion<'_>, at: usize, round: u64, dir: u8) -> Result<()> {
+    let mut h = [0u8; 9];
+    h[..8].copy_from_slice(&round.to_le_bytes());
+    h[8] = dir;
+    mr.write_at(at, &h)?;
+    Ok(())
+}
+
+/// Checks the header of a received latency message.
+fn check_header(mr: &MemoryRegion<'_>, at: usize, round: u64, dir: u8, what: &str) -> Result<()> {
+    let mut h = [0u8; 9];
+    mr.read_at(at, &mut h)?;
+    let got = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
+    if (got, h[8]) == (round, dir) {
+        return Ok(());
+    }
+    let name = |d: u8| match d {
+        PING => "ping",
+        PONG => "pong",
+        _ => "garbage",
+    };
+    let mut msg = format!(
+        "{what}, round {round}: received {} {got}, expected {} {round}",
+        name(h[8]),
+        name(dir)
+    );
+    if h[8] == dir ^ PING ^ PONG {
+        msg.push_str(
+            " (this process's own message came back: the NIC delivered it to a QP of this \
+             process, not the peer's)",
+        );
+    }
+    Err(msg.into())
+}
+
+/// The non-zero byte that marks round `round` in the last byte of a latency message.
+fn tag(round: u64) -> u8 {
+    (round % 255) as u8 + 1
+}
+
+/// Offset of the incoming half of a write-latency region.
+const IN: usize = LAT_SIZE;
+
+/// One side of the RDMA WRITE latency ping-pong: A (`serve == false`) writes first and
+/// records the round trips (ns); B answers.
+fn write_lat(
+    side: &mut Side,
+    peer: &WireEp,
+    plan: &Plan,
+    serve: bool,
+    guard: &Guard,
+) -> Result<Vec<f64>> {
+    const WHAT: &str = "RDMA WRITE latency";
+    let total = plan.warmup + plan.iters;
+    let op = SendOp::RdmaWrite {
+        remote_addr: peer.addr + IN as u64,
+        rkey: peer.rkey,
+    };
+    let (mine, theirs) = if serve { (PONG, PING) } else { (PING, PONG) };
+    let mut stamps = Vec::with_capacity(plan.iters as usize + 1);
+    for r in 0..total {
+        let last = r + 1 == total;
+        if serve {
+            wait_write(side, r, theirs, guard, WHAT)?;
+        } else if r >= plan.warmup {
+            stamps.push(Instant::now());
+            guard.beat();
+        }
+        put_header(&side.mr, 0, r, mine)?;
+        side.mr.write_at(LAT_SIZE - 1, &[tag(r)])?;
+        side.post_lat(r, op, last, guard, WHAT)?;
+        if !serve {
+            wait_write(side, r, theirs, guard, WHAT)?;
+        }
+    }
+    if !serve {
+        stamps.push(Instant::now());
+    }
+    side.drain(guard, WHAT)?;
+    Ok(stamps.windows(2).map(|w| ns(w[1] - w[0])).collect())
+}
+
+/// Spins on the last byte of the incoming buffer until round `r` has landed whole, then
+/// checks its header.
+fn wait_write(side: &mut Side, r: u64, dir: u8, guard: &Guard, what: &str) -> Result<()> {
+    let want = tag(r);
+    let last = IN + LAT_SIZE - 1;
+    let wait = || format!("{what}, round {r}: no RDMA WRITE from the peer process");
+    guard.spin(&wait, |slow| {
+        if side.mr.load_u8(last)? == want {
+            return Ok(Some(()));
+        }
+        if slow {
+            // Our own writes fail with error completions, signaled or not.
+            side.reap(what)?;
+        }
+        Ok(None)
+    })?;
+    check_header(&side.mr, IN, r, dir, what)
+}
+
+/// Posts the receive of slot `slot` (each LAT_SIZE bytes, after the send buffer).
+fn post_slot(side: &Side, slot: usize) -> Result<()> {
+    let at = LAT_SIZE * (1 + slot);
+    side.qp
+        .post_recv([RecvWr::new(slot as u64, &[side.mr.sge(at..at + LAT_SIZE)])])
+        .map_err(|e| format!("posting a receive: {e}"))?;
+    Ok(())
+}
+
+/// One side of the SEND latency ping-pong: A sends first and records round trips (ns).
+fn send_lat(side: &mut Side, plan: &Plan, serve: bool, guard: &Guard) -> Result<Vec<f64>> {
+    const WHAT: &str = "SEND latency";
+    let total = plan.warmup + plan.iters;
+    let (mine, theirs) = if serve { (PONG, PING) } else { (PING, PONG) };
+    let mut stamps = Vec::with_capacity(plan.iters as usize + 1);
+    for r in 0..total {
+        let last = r + 1 == total;
+        if serve {
+            wait_send(side, r, theirs, guard, WHAT)?;
+        } else if r >= plan.warmup {
+            stamps.push(Instant::now());
+            guard.beat();
+        }
+        put_header(&side.mr, 0, r, mine)?;
+        side.post_lat(r, SendOp::Send, last, guard, WHAT)?;
+        if !serve {
+            wait_send(side, r, theirs, guard, WHAT)?;
+        }
+    }
+    if !serve {
+        stamps.push(Instant::now());
+    }
+    side.drain(guard, WHAT)?;
+    Ok(stamps.windows(2).map(|w| ns(w[1] - w[0])).collect())
+}
+
+/// Polls the receive CQ for message `r`, checks it and posts its buffer again.
+fn wait_send(side: &mut Side, r: u64, dir: u8, guard: &Guard, what: &str) -> Result<()> {
+    let wait = || format!("{what}, round {r}: no SEND from the peer process");
+    let mut wc = [WorkCompletion::default()];
+    let wc = guard.spin(&wait, |slow| {
+        if side.recv_cq.poll(&mut wc) == 1 {
+            return Ok(Some(wc[0]));
+        }
+        if slow {
+            side.reap(what)?;
+        }
+        Ok(None)
+    })?;
+    check_wc(&wc, what)?;
+    if wc.byte_len() as usize != LAT_SIZE {
+        return Err(format!(
+            "{what}, round {r}: received {} bytes, expected {LAT_SIZE}",
+            wc.byte_len()
+        )
+        .into());
+    }
+    let slot = usize::try_from(wc.wr_id())
+        .ok()
+        .filter(|&s| s < RX_DEPTH)
+        .ok_or_else(|| {
+            format!(
+                "{what}: receive completion with unknown wr_id {}",
+                wc.wr_id()
+            )
+        })?;
+    check_header(&side.mr, LAT_SIZE * (1 + slot), r, dir, what)?;
+    post_slot(side, slot)
+}
+
+/// A's RDMA WRITE bandwidth run: `size`-byte writes into the peer's buffer for `total`
+/// bytes (or BW_TIME_CAP); returns (bytes, writes, seconds).
+fn write_bw(
+    side: &mut Side,
+    peer: &WireEp,
+    size: usize,
+    total: u64,
+    guard: &Guard,
+) -> Result<(u64, u64, f64)> {
+    const WHAT: &str = "RDMA WRITE bandwidth";
+    let fill: Vec<u8> = (0..size).map(|j| pattern_byte(j, size)).collect();
+    side.mr.write_at(0, &fill)?;
+    let sge = [side.mr.sge(0..size)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: peer.addr,
+        rkey: peer.rkey,
+    };
+    let mut count = (total / size as u64).max(1);
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut wcs = [WorkCompletion::default(); 16];
+    let t0 = Instant::now();
+    while done < count {
+        let room = TX_DEPTH - (posted - done);
+        let n = room.min(count - posted);
+        if n > 0 {
+            let wrs = (posted..posted + n).map(|i| {
+                let signaled = (i + 1) % CQ_MOD == 0 || i + 1 == count;
+                let flags = if signaled {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::empty()
+                };
+                SendWr::new(i, op, &sge).flags(flags)
+            });
+            side.qp
+                .post_send(wrs)
+                .map_err(|e| format!("{WHAT}: posting writes {posted}..{}: {e}", posted + n))?;
+            posted += n;
+            guard.beat();
+        }
+        let wait = || format!("{WHAT}: no completion after {done} of {count} writes");
+        let got = guard.spin(&wait, |_| {
+            let k = side.send_cq.poll(&mut wcs);
+            Ok((k > 0).then_some(k))
+        })?;
+        for wc in &wcs[..got] {
+            check_wc(wc, WHAT)?;
+            done = done.max(wc.wr_id() + 1);
+        }
+        // Stop early when slow, after a signaled write (so the last one posted is signaled).
+        if posted % CQ_MOD == 0 && posted < count && t0.elapsed() > BW_TIME_CAP {
+            count = posted;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    Ok((count * size as u64, count, secs))
+}
+
+/// B's check after the bandwidth run: its buffer holds A's pattern.
+fn check_bw_target(side: &Side, size: usize) -> Result<()> {
+    let got = side.mr.to_vec();
+    match (0..size).find(|&j| got[j] != pattern_byte(j, size)) {
+        None => Ok(()),
+        Some(j) => Err(format!(
+            "RDMA WRITE bandwidth ({size} B): byte {j} of the target is {:#04x}, expected {:#04x}",
+            got[j],
+            pattern_byte(j, size)
+        )
+        .into()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results.
+
+/// Half-round-trip latency statistics, in ns.
+#[derive(Debug, Clone, Serialize)]
+struct Latency {
+    p50_ns: f64,
+    p99_ns: f64,
+    mean_ns: f64,
+    round_trips: u64,
+}
+
+impl Latency {
+    /// From round-trip samples in ns.
+    fn from_rtts(mut rtts: Vec<f64>, round_trips: u64) -> Latency {
+        rtts.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            if rtts.is_empty() {
+                return 0.0;
+            }
+            let i = ((rtts.len() as f64 * p).ceil() as usize).clamp(1, rtts.len()) - 1;
+            rtts[i] / 2.0
+        };
+        let mean = rtts.iter().sum::<f64>() / rtts.len().max(1) as f64 / 2.0;
+        Latency {
+            p50_ns: q(0.50),
+            p99_ns: q(0.99),
+            mean_ns: mean,
+            round_trips,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct LatencyFigure {
+    size: usize,
+    #[serde(flatten)]
+    latency: Latency,
+    /// The cache-line ping-pong's p50.
+    baseline_ns: f64,
+    /// p50 / baseline.
+    ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct BandwidthFigure {
+    size: usize,
+    /// 10^9 bytes per second.
+    gb_s: f64,
+    bytes: u64,
+    writes: u64,
+    seconds: f64,
+    /// memcpy of the same size.
+    baseline_gb_s: f64,
+    /// gb_s / baseline.
+    ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct MemcpyFigure {
+    size: usize,
+    gb_s: f64,
+    bytes: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Baselines {
+    /// Two processes bouncing a counter through one cache line of shared memory (half round
+    /// trips; each sample is the mean of 64 round trips).
+    cacheline_pingpong: Option<Latency>,
+    /// One thread copying a buffer of `size` bytes (the best of 5 runs).
+    memcpy: Vec<MemcpyFigure>,
+}
+
+/// Everything `perf` measured, as `--json` prints it.
+#[derive(Debug, Default, Serialize)]
+struct Report {
+    device: String,
+    quick: bool,
+    cpus: usize,
+    /// Both processes' ids (this one first).
+    pids: [u32; 2],
+    ok: bool,
+    /// Why the run stopped early (with `ok: false`).
+    error: Option<String>,
+    baselines: Baselines,
+    rdma_write_latency: Option<LatencyFigure>,
+    send_latency: Option<LatencyFigure>,
+    rdma_write_bandwidth: Vec<BandwidthFigure>,
+}
+
+fn size_text(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+impl Report {
+    fn text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "perf: {}, two processes on one host (pids {} and {}, {} CPU{}); latency = half a \
+             round trip (p50)",
+            self.device,
+            self.pids[0],
+            self.pids[1],
+            self.cpus,
+            if self.cpus == 1 { "" } else { "s" }
+        );
+        let cl = self.baselines.cacheline_pingpong.as_ref();
+        for (name, fig) in [
+            ("RDMA WRITE", &self.rdma_write_latency),
+            ("SEND", &self.send_latency),
+        ] {
+            if let Some(f) = fig {
+                let _ = writeln!(
+                    t,
+                    "  {name} {} latency: {:.0} ns (cache-line ping-pong {:.0} ns, {:.1}x); \
+                     p99 {:.0} ns, mean {:.0} ns, {} round trips",
+                    size_text(f.size),
+                    f.latency.p50_ns,
+                    f.baseline_ns,
+                    f.ratio,
+                    f.latency.p99_ns,
+                    f.latency.mean_ns,
+                    f.latency.round_trips
+                );
+            }
+        }
+        for f in &self.rdma_write_bandwidth {
+            let _ = writeln!(
+                t,
+                "  RDMA WRITE {} bandwidth: {:.2} GB/s (memcpy {:.2} GB/s, {:.2}x); {} writes in \
+                 {:.3} s",
+                size_text(f.size),
+                f.gb_s,
+                f.baseline_gb_s,
+                f.ratio,
+                f.writes,
+                f.seconds
+            );
+        }
+        if !self.ok {
+            let _ = writeln!(
+                t,
+                "  (RDMA figures missing: the run stopped, see the error)"
+            );
+        }
+        let _ = writeln!(t, "baselines:");
+        if let Some(c) = cl {
+            let _ = writeln!(
+                t,
+                "  cache-line ping-pong: {:.0} ns (p99 {:.0} ns, mean {:.0} ns; {} round trips \
+                 through shared memory)",
+                c.p50_ns, c.p99_ns, c.mean_ns, c.round_trips
+            );
+        }
+        for m in &self.baselines.memcpy {
+            let _ = writeln!(
+                t,
+                "  memcpy {}: {:.2} GB/s (one thread, best of {MEMCPY_TRIALS} runs)",
+                size_text(m.size),
+                m.gb_s
+            );
+        }
+        t
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A: the measuring process.
+
+/// The peer process: killed (and reaped) when dropped, unless it has exited.
+struct PeerProcess {
+    child: Child,
+}
+
+impl PeerProcess {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// An error if the process has exited.
+    fn check_running(&mut self) -> Result<()> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(format!(
+                "the peer process exited early ({status}){}",
+                self.stderr_tail()
+            )
+            .into()),
+            Err(e) => Err(format!("checking on the peer process: {e}").into()),
+        }
+    }
+
+    /// Waits (briefly) for the process to exit after `quit`; an error unless it exits 0.
+    fn finish(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.child.try_wait()? {
+                Some(status) if status.success() => return Ok(()),
+                Some(status) => {
+                    return Err(format!(
+                        "the peer process failed ({status}){}",
+                        self.stderr_tail()
+                    )
+                    .into());
+                }
+                None if Instant::now() > deadline => {
+                    return Err("the peer process did not exit when told to".into());
+                }
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    /// Kills the process (if running); returns how it had ended if it had, and what it wrote
+    /// on standard error, for an error message.
+    fn kill(&mut self) -> String {
+        let ended = match self.child.try_wait() {
+            Ok(Some(status)) => format!("; the peer process had exited ({status})"),
+            _ => String::new(),
+        };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        ended + &self.stderr_tail()
+    }
+
+    /// The last lines of the peer's standard error (once it has exited), as "; the peer
+    /// process said: ...", or nothing.
+    fn stderr_tail(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut text);
+        }
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        if lines.is_empty() {
+            return String::new();
+        }
+        let tail = lines[lines.len().saturating_sub(6)..].join(" | ");
+        format!("; the peer process said: {tail}")
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the peer process: this executable, `perf-peer`, with the shared page's descriptor
+/// inheritable for the moment of the spawn.
+fn spawn_peer(port: u16, page: &std::fs::File, device: Option<&str>) -> Result<PeerProcess> {
+    use std::os::fd::AsRawFd;
+    let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    let mut cmd = Command::new(&exe);
+    cmd.arg("perf-peer")
+        .arg("--port")
+        .arg(port.to_string())
+        .arg("--shm-fd")
+        .arg(page.as_raw_fd().to_string())
+        .arg("--parent")
+        .arg(std::process::id().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(d) = device {
+        cmd.arg("--ib-dev").arg(d);
+    }
+    // Only this child inherits the page: the flag is cleared just for the spawn (this process
+    // starts no other children meanwhile).
+    rustix::io::fcntl_setfd(page, rustix::io::FdFlags::empty())
+        .map_err(|e| format!("sharing the page: {e}"))?;
+    let child = cmd.spawn();
+    rustix::io::fcntl_setfd(page, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| format!("sharing the page: {e}"))?;
+    let child = child.map_err(|e| format!("starting {}: {e}", exe.display()))?;
+    Ok(PeerProcess { child })
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let plan = Plan::new(args)?;
+    let device = crate::find_device(args.device.as_deref())?;
+    device.open()?; // fail early on a device that cannot be opened
+    let mut report = Report {
+        device: device.name().into(),
+        quick: args.quick,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ..Report::default()
+    };
+    let page_file = create_shared_page()?;
+    let page = SharedPage::map(&page_file)?;
+    let listener = TcpLink::listen(([127, 0, 0, 1], 0).into())?;
+    let port = listener.local_addr()?.port();
+    let mut peer = spawn_peer(port, &page_file, args.device.as_deref())?;
+    report.pids = [std::process::id(), peer.pid()];
+    let guard = Arc::new(Guard::new());
+    let watchdog = Watchdog::start(guard.clone(), peer.pid());
+
+    let result = TcpLink::accept(&listener, START_TIMEOUT, LINK_TIMEOUT, || {
+        peer.check_running()
+    })
+    .map_err(|e| -> crate::Error { format!("starting the peer process: {e}").into() })
+    .and_then(|mut link| {
+        drop(listener);
+        let watch = link.stream_clone()?;
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let _ = std::thread::Builder::new()
+                .name("perf-watch".into())
+                .spawn_scoped(s, || {
+                    watch_for_failure(&watch, &guard.abort, &done, WATCH_EVERY)
+                });
+            let r = measure(
+                &mut link,
+                &device,
+                &plan,
+                &page,
+                &guard,
+                &watchdog,
+                &mut report,
+            );
+            done.store(true, Ordering::Relaxed);
+            r
+        })
+        .map_err(|e| explain(e, &mut link))
+        .and_then(|()| {
+            send(&mut link, &Msg::Quit)?;
+            peer.finish()
+        })
+    });
+    let phase = watchdog.current_phase();
+    drop(watchdog);
+    if let Err(e) = &result {
+        // Whatever happened, the peer process goes now.
+        let tail = peer.kill();
+        let mut msg = e.to_string();
+        if !msg.starts_with(&phase) {
+            msg = format!("{phase}: {msg}");
+        }
+        if !msg.contains("the peer process failed: ") && !msg.contains("the peer process said") {
+            msg.push_str(&tail);
+        }
+        report.error = Some(msg);
+    }
+    report.ok = result.is_ok();
+    let text = if args.json {
+        format!("{}\n", serde_json::to_string(&report)?)
+    } else {
+        report.text()
+    };
+    crate::write_stdout(&text)?;
+    match report.error {
+        None => Ok(()),
+        Some(mut e) => {
+            if !report.baselines.memcpy.is_empty() && report.rdma_write_bandwidth.len() < 2 {
+                e.push_str(
+                    "\n(the run stopped here; the baselines and the figures measured before are \
+                     on standard output)",
+                );
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// Turns "the peer stopped" into the peer's own reason when it gave one.
+fn explain(err: crate::Error, link: &mut TcpLink) -> crate::Error {
+    if err.is::<PeerError>() {
+        return format!("the peer process failed: {err}").into();
+    }
+    if !err.is::<PeerFailed>() {
+        return err;
+    }
+    for _ in 0..4 {
+        match recv(link) {
+            Ok(_) => continue,
+            Err(e) if e.is::<PeerError>() => return format!("the peer process failed: {e}").into(),
+            Err(_) => break,
+        }
+    }
+    "the peer process closed the connection without saying why (did it crash?)".into()
+}
+
+/// Runs every measurement in order, filling `report` as figures come in.
+fn measure(
+    link: &mut TcpLink,
+    device: &Device,
+    plan: &Plan,
+    page: &SharedPage,
+    guard: &Guard,
+    watchdog: &Watchdog,
+    report: &mut Report,
+) -> Result<()> {
+    send(
+        link,
+        &Msg::Hello {
+            pid: std::process::id(),
+        },
+    )?;
+    expect(link, "hello", |m| {
+        matches!(m, Msg::Hello { .. }).then_some(m)
+    })?;
+
+    // Baselines first: they need no RDMA.
+    watchdog.phase(guard, "cache-line ping-pong");
+    let rounds = plan.iters * CACHELINE_FACTOR;
+    let warmup = plan.warmup * CACHELINE_FACTOR;
+    let base = page.ball().load(Ordering::Acquire);
+    send(
+        link,
+        &Msg::CacheLine {
+            rounds: warmup + rounds,
+            base,
+        },
+    )?;
+    expect(link, "ready", |m| (m == Msg::Ready).then_some(m))?;
+    // B serves all rounds; A counts the first `warmup` as warm-up.
+    let samples = cacheline(page.ball(), base, rounds, warmup, false, guard)?;
+    expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+    // Each sample is a batch's mean round trip: half of it is the latency.
+    let cl = Latency::from_rtts(samples, rounds);
+    report.baselines.cacheline_pingpong = Some(cl.clone());
+
+    watchdog.phase(guard, "memcpy");
+    for size in BW_SIZES {
+        let gb_s = memcpy_gb_s(size, plan.bw_total, guard);
+        report.baselines.memcpy.push(MemcpyFigure {
+            size,
+            gb_s,
+            bytes: plan.bw_total,
+        });
+    }
+
+    // RDMA.
+    let (msg_len, rounds) = (LAT_SIZE as u64, plan.warmup + plan.iters);
+    let lat = |rtts: Vec<f64>| {
+        let latency = Latency::from_rtts(rtts, plan.iters);
+        LatencyFigure {
+            size: LAT_SIZE,
+            baseline_ns: cl.p50_ns,
+            ratio: latency.p50_ns / cl.p50_ns.max(1e-9),
+            latency,
+        }
+    };
+
+    watchdog.phase(guard, "RDMA WRITE latency");
+    let mut side = Side::new(device, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1)?;
+    let theirs = start_rdma(link, &side, Test::WriteLat, rounds, msg_len)?;
+    let rtts = write_lat(&mut side, &theirs, plan, false, guard)?;
+    expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+    drop(side);
+    report.rdma_write_latency = Some(lat(rtts));
+
+    watchdog.phase(guard, "SEND latency");
+    let mut side = Side::new(
+        device,
+        LAT_SIZE * (1 + RX_DEPTH),
+        LAT_SQ_DEPTH,
+        RX_DEPTH as u32,
+    )?;
+    // B answers only after A's first SEND, so A may post its receives after connecting.
+    start_rdma(link, &side, Test::SendLat, rounds, msg_len)?;
+    for slot in 0..RX_DEPTH {
+        post_slot(&side, slot)?;
+    }
+    let rtts = send_lat(&mut side, plan, false, guard)?;
+    expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+    drop(side);
+    report.send_latency = Some(lat(rtts));
+
+    for (i, size) in BW_SIZES.into_iter().enumerate() {
+        watchdog.phase(
+            guard,
+            &format!("RDMA WRITE bandwidth ({})", size_text(size)),
+        );
+        let mut side = Side::new(device, size, TX_DEPTH as u32, 1)?;
+        let theirs = start_rdma(link, &side, Test::WriteBw, 0, size as u64)?;
+        let (bytes, writes, seconds) = write_bw(&mut side, &theirs, size, plan.bw_total, guard)?;
+        send(link, &Msg::Check)?;
+        expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+        drop(side);
+        let gb_s = bytes as f64 / seconds.max(1e-9) / 1e9;
+        let baseline = report.baselines.memcpy[i].gb_s;
+        report.rdma_write_bandwidth.push(BandwidthFigure {
+            size,
+            gb_s,
+            bytes,
+            writes,
+            seconds,
+            baseline_gb_s: baseline,
+            ratio: gb_s / baseline.max(1e-9),
+        });
+    }
+    Ok(())
+}
+
+/// A's half of an RDMA test's set-up: sends its endpoint, learns B's (B is connected by
+/// then), and connects.
+fn start_rdma(
+    link: &mut TcpLink,
+    side: &Side,
+    test: Test,
+    rounds: u64,
+    size: u64,
+) -> Result<WireEp> {
+    send(
+        link,
+        &Msg::Rdma {
+            test,
+            rounds,
+            size,
+            ep: side.endpoint()?,
+        },
+    )?;
+    let Msg::Endpoint { ep } = expect(link, "endpoint", |m| {
+        matches!(m, Msg::Endpoint { .. }).then_some(m)
+    })?
+    else {
+        unreachable!("checked by expect")
+    };
+    side.connect(&ep)?;
+    Ok(ep)
+}
+
+// ---------------------------------------------------------------------------------------------
+// B: the peer process.
+
+/// `softverbs perf-peer`: the second process of `perf`, run by it.
+pub fn run_peer(args: &PeerArgs) -> Result<()> {
+    // Die with the parent; and if it is already gone, stop now.
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|e| format!("prctl(PR_SET_PDEATHSIG): {e}"))?;
+    if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(args.parent) {
+        return Err("perf-peer is run by `softverbs perf`, and its parent is gone".into());
+    }
+    let device = crate::find_device(args.device.as_deref())?;
+    // The inherited memfd, opened again through /proc (no raw descriptor handling needed).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", args.shm_fd))
+        .map_err(|e| format!("opening the shared page (fd {}): {e}", args.shm_fd))?;
+    let page = SharedPage::map(&file)?;
+    let mut link = TcpLink::connect("127.0.0.1", args.port, START_TIMEOUT, LINK_TIMEOUT)?;
+    let guard = Guard::new();
+    let watch = link.stream_clone()?;
+    let done = AtomicBool::new(false);
+    let result = std::thread::scope(|s| {
+        let _ = std::thread::Builder::new()
+            .name("perf-watch".into())
+            .spawn_scoped(s, || {
+                watch_for_failure(&watch, &guard.abort, &done, WATCH_EVERY)
+            });
+        let r = serve(&mut link, &device, &page, &guard);
+        done.store(true, Ordering::Relaxed);
+        r
+    });
+    if let Err(e) = &result {
+        if !e.is::<PeerError>() && !e.is::<PeerFailed>() {
+            let _ = send(
+                &mut link,
+                &Msg::Error {
+                    error: e.to_string(),
+                },
+            );
+        }
+    }
+    result
+}
+
+/// B's loop: does what A asks until `quit`.
+fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) -> Result<()> {
+    loop {
+        match recv(link)? {
+            Msg::Hello { .. } => send(
+                link,
+                &Msg::Hello {
+                    pid: std::process::id(),
+                },
+            )?,
+            Msg::CacheLine { rounds, base } => {
+                send(link, &Msg::Ready)?;
+                cacheline(page.ball(), base, rounds, 0, true, guard)?;
+                send(link, &Msg::Done)?;
+            }
+            Msg::Rdma {
+                test,
+                rounds,
+                size,
+                ep,
+            } => {
+                let plan = Plan {
+                    iters: rounds,
+                    warmup: 0,
+                    bw_total: 0,
+                };
+                match test {
+                    Test::WriteLat => {
+                        let mut side = Side::new(device, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1)?;
+                        side.connect(&ep)?;
+                        send(
+                            link,
+                            &Msg::Endpoint {
+                                ep: side.endpoint()?,
+                            },
+                        )?;
+                        write_lat(&mut side, &ep, &plan, true, guard)?;
+                        send(link, &Msg::Done)?;
+                    }
+                    Test::SendLat => {
+                        let mut side = Side::new(
+                            device,
+                            LAT_SIZE * (1 + RX_DEPTH),
+                            LAT_SQ_DEPTH,
+                            RX_DEPTH as u32,
+                        )?;
+                        side.connect(&ep)?;
+                        for slot in 0..RX_DEPTH {
+                            post_slot(&side, slot)?;
+                        }
+                        send(
+                            link,
+                            &Msg::Endpoint {
+                                ep: side.endpoint()?,
+                            },
+                        )?;
+                        send_lat(&mut side, &plan, true, guard)?;
+                        send(link, &Msg::Done)?;
+                    }
+                    Test::WriteBw => {
+                        let size = usize::try_from(size)
+                            .ok()
+                            .filter(|&s| s > 0 && s <= 1 << 30)
+                            .ok_or_else(|| format!("bad bandwidth size {size}"))?;
+                        let side = Side::new(device, size, 1, 1)?;
+                        side.connect(&ep)?;
+                        send(
+                            link,
+                            &Msg::Endpoint {
+                                ep: side.endpoint()?,
+                            },
+                        )?;
+                        expect(link, "check", |m| (m == Msg::Check).then_some(m))?;
+                        check_bw_target(&side, size)?;
+                        send(link, &Msg::Done)?;
+                    }
+                }
+            }
+            Msg::Quit => return Ok(()),
+            other => return Err(format!("unexpected message from perf: {other:?}").into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cacheline_pingpong_between_two_mappings() {
+        let file = create_shared_page().unwrap();
+        let file2 = file.try_clone().unwrap();
+        let guard = Guard::new();
+        let (rounds, warmup) = (10_000, 100);
+        let samples = std::thread::scope(|s| {
+            let g = &guard;
+            s.spawn(move || {
+                // A second mapping of the same page, as the peer process makes.
+                let page = SharedPage::map(&file2).unwrap();
+                cacheline(page.ball(), 0, rounds + warmup, 0, true, g).unwrap();
+            });
+            let page = SharedPage::map(&file).unwrap();
+            let samples = cacheline(page.ball(), 0, rounds, warmup, false, g).unwrap();
+            assert_eq!(page.ball().load(Ordering::Relaxed), 2 * (rounds + warmup));
+            samples
+        });
+        assert_eq!(samples.len() as u64, rounds / CACHELINE_BATCH + 1);
+        let l = Latency::from_rtts(samples, rounds);
+        assert!(l.p50_ns > 0.0 && l.p50_ns <= l.p99_ns, "{l:?}");
+    }
+
+    #[test]
+    fn a_silent_peer_is_an_error_not_a_hang() {
+        let file = create_shared_page().unwrap();
+        let page = SharedPage::map(&file).unwrap();
+        let guard = Guard::new();
+        guard.abort.store(true, Ordering::Relaxed);
+        let err = cacheline(page.ball(), 0, 10, 0, false, &guard).unwrap_err();
+        assert!(err.is::<PeerFailed>(), "{err}");
+    }
+
+    #[test]
+    fn latency_statistics_are_half_round_trips() {
+        let l = Latency::from_rtts((1..=100).map(|v| v as f64 * 2.0).collect(), 100);
+        assert_eq!((l.p50_ns, l.p99_ns), (50.0, 99.0));
+        assert!((l.mean_ns - 50.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn memcpy_baseline_is_positive() {
+        assert!(memcpy_gb_s(64 << 10, 4 << 20, &Guard::new()) > 0.0);
+    }
+
+    /// The RDMA tests, with both sides in this process (two threads): the same code the two
+    /// processes run, on the same-process data path.
+    #[test]
+    fn rdma_tests_run_between_two_threads() {
+        let dev = crate::find_device(None).unwrap();
+        let plan = Plan {
+            iters: 300,
+            warmup: 10,
+            bw_total: 4 << 20,
+        };
+        let guard = Guard::new();
+        let total = plan.warmup + plan.iters;
+        let b_plan = Plan {
+            iters: total,
+            warmup: 0,
+            bw_total: 0,
+        };
+        // RDMA WRITE latency.
+        let mut a = Side::new(&dev, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1).unwrap();
+        let mut b = Side::new(&dev, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1).unwrap();
+        let (ea, eb) = (a.endpoint().unwrap(), b.endpoint().unwrap());
+        a.connect(&eb).unwrap();
+        b.connect(&ea).unwrap();
+        let rtts = std::thread::scope(|s| {
+            s.spawn(|| write_lat(&mut b, &ea, &b_plan, true, &guard).unwrap());
+            write_lat(&mut a, &eb, &plan, false, &guard).unwrap()
+        });
+        assert_eq!(rtts.len() as u64, plan.iters);
+        // SEND latency.
+        let mut a = Side::new(
+            &dev,
+            LAT_SIZE * (1 + RX_DEPTH),
+            LAT_SQ_DEPTH,
+            RX_DEPTH as u32,
+        )
+        .unwrap();
+        let mut b = Side::new(
+            &dev,
+            LAT_SIZE * (1 + RX_DEPTH),
+            LAT_SQ_DEPTH,
+            RX_DEPTH as u32,
+        )
+        .unwrap();
+        let (ea, eb) = (a.endpoint().unwrap(), b.endpoint().unwrap());
+        a.connect(&eb).unwrap();
+        b.connect(&ea).unwrap();
+        for slot in 0..RX_DEPTH {
+            post_slot(&a, slot).unwrap();
+            post_slot(&b, slot).unwrap();
+        }
+        let rtts = std::thread::scope(|s| {
+            s.spawn(|| send_lat(&mut b, &b_plan, true, &guard).unwrap());
+            send_lat(&mut a, &plan, false, &guard).unwrap()
+        });
+        assert_eq!(rtts.len() as u64, plan.iters);
+        // RDMA WRITE bandwidth, and B's check of the bytes.
+        let size = 64 << 10;
+        let mut a = Side::new(&dev, size, TX_DEPTH as u32, 1).unwrap();
+        let b = Side::new(&dev, size, 1, 1).unwrap();
+        let (ea, eb) = (a.endpoint().unwrap(), b.endpoint().unwrap());
+        a.connect(&eb).unwrap();
+        b.connect(&ea).unwrap();
+        assert!(check_bw_target(&b, size).is_err());
+        let (bytes, writes, secs) = write_bw(&mut a, &eb, size, plan.bw_total, &guard).unwrap();
+        assert_eq!((bytes, writes), (plan.bw_total, 64));
+        assert!(secs > 0.0);
+        check_bw_target(&b, size).unwrap();
+    }
+
+    #[test]
+    fn a_message_from_this_process_is_named_as_such() {
+        let dev = crate::find_device(None).unwrap();
+        let side = Side::new(&dev, 2 * LAT_SIZE, 4, 1).unwrap();
+        put_header(&side.mr, IN, 0, PING).unwrap();
+        let err = check_header(&side.mr, IN, 0, PONG, "X")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("received ping 0, expected pong 0"), "{err}");
+        assert!(err.contains("own message came back"), "{err}");
+    }
+}
