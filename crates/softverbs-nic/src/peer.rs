@@ -19,7 +19,7 @@ use crate::rq::{RecvQueue, RecvWqe, srq_take};
 use crate::shm::{Segment, ShmPlain};
 use crate::types::{AccessFlags, AsyncEventType, Gid, QpState, QpType, WcOpcode, WcStatus};
 use rustix::fd::{AsFd, OwnedFd};
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketType, bind, socket};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType, bind, socket_with};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -101,7 +101,14 @@ fn gid_hex(gid: Gid) -> String {
 }
 
 fn bind_abstract(name: &str) -> Result<Option<OwnedFd>> {
-    let sock = socket(AddressFamily::UNIX, SocketType::DGRAM, None).map_err(Error::os("socket"))?;
+    // Close-on-exec: a child process must not keep our QP numbers taken after we exit.
+    let sock = socket_with(
+        AddressFamily::UNIX,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(Error::os("socket"))?;
     let addr =
         SocketAddrUnix::new_abstract_name(name.as_bytes()).map_err(Error::os("socket name"))?;
     match bind(&sock, &addr) {
@@ -441,6 +448,14 @@ pub(crate) struct Peers {
 }
 
 impl Peers {
+    /// Forgets (and unmaps) peers no QP of this process uses any more.
+    pub(crate) fn prune(&self) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        // Only the cache holds an entry with a strong count of 1; nothing can be copying
+        // through its mappings, so dropping it here is safe.
+        map.retain(|_, q| Arc::strong_count(q) > 1);
+    }
+
     /// The live peer QP `qpn` of the device with `gid`.
     pub(crate) fn get(
         &self,

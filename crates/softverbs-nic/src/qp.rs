@@ -927,6 +927,11 @@ impl Drop for Qp {
         // Peers that mapped the context stop at once; the listing goes with `self`.
         self.ctx().state.store(DESTROYED, Ordering::Release);
         self.dev.unregister_qp(self.qpn);
+        // Our connection may have been the last user of a peer's mappings.
+        if let Ok(mut st) = self.send.lock() {
+            st.peer = None;
+        }
+        self.dev.peers.prune();
     }
 }
 
