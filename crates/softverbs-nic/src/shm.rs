@@ -38,23 +38,7 @@ impl Segment {
         let len = len.max(1).next_multiple_of(page_size());
         let fd = memfd_create(name, MemfdFlags::CLOEXEC).map_err(Error::os("memfd_create"))?;
         ftruncate(&fd, len as u64).map_err(Error::os("ftruncate"))?;
-        // SAFETY: a fresh shared mapping of our own memfd, at an address the kernel picks; it
-        // aliases nothing in this process.
-        let ptr = unsafe {
-            mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )
-        }
-        .map_err(Error::os("mmap"))?;
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(Error::Os {
-            what: "mmap",
-            errno: rustix::io::Errno::NOMEM,
-        })?;
+        let ptr = map_shared(&fd, len)?;
         Ok(Segment { ptr, len, fd })
     }
 
@@ -66,23 +50,7 @@ impl Segment {
             .ok()
             .filter(|&l| l > 0)
             .ok_or_else(|| Error::InvalidArgument("shared segment is empty".into()))?;
-        // SAFETY: a fresh shared mapping at an address the kernel picks; it aliases nothing
-        // in this process, and all typed access goes through `ShmPlain` types.
-        let ptr = unsafe {
-            mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                0,
-            )
-        }
-        .map_err(Error::os("mmap"))?;
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(Error::Os {
-            what: "mmap",
-            errno: rustix::io::Errno::NOMEM,
-        })?;
+        let ptr = map_shared(&fd, len)?;
         Ok(Segment { ptr, len, fd })
     }
 
@@ -142,6 +110,27 @@ impl Drop for Segment {
         // outlive `self`.
         let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
     }
+}
+
+/// Maps `len` bytes of `fd` shared, read-write, at an address the kernel picks.
+fn map_shared(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>> {
+    // SAFETY: a fresh mapping aliases nothing in this process; all typed access to it goes
+    // through `ShmPlain` types.
+    let ptr = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            0,
+        )
+    }
+    .map_err(Error::os("mmap"))?;
+    NonNull::new(ptr.cast::<u8>()).ok_or(Error::Os {
+        what: "mmap",
+        errno: rustix::io::Errno::NOMEM,
+    })
 }
 
 /// The system page size.
