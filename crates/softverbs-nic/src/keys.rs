@@ -108,7 +108,11 @@ impl Pin<'_> {
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        self.entry.users.fetch_sub(1, Ordering::Release);
+        // Saturating: a deregistration that gave up waiting for a dead peer reset the count.
+        let _ = self
+            .entry
+            .users
+            .fetch_update(Ordering::Release, Ordering::Relaxed, |u| u.checked_sub(1));
     }
 }
 
