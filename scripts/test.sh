@@ -42,11 +42,30 @@ if ! command -v cargo >/dev/null 2>&1; then
     fi
 fi
 
-# --- System packages (placeholder) ---------------------------------------------------------
-# LATER ISSUES: interoperability checks against rdma-core's tools will install them here on
-# CI, e.g.
-#     sudo apt-get install -y --no-install-recommends ibverbs-utils perftest
-# and use `missing` when they cannot be found. Nothing is installed yet.
+# --- System packages: rdma-core's tools, run over the drop-in libibverbs.so.1 ---------------
+# ibverbs-utils (ibv_devices, ibv_devinfo, ibv_*_pingpong), perftest (ib_write_lat, ...) and
+# libibverbs-dev (verbs.h, for the struct-layout test). Installed from Debian when running as
+# root; without them those tests are skipped, except under CI=true, where this stops here.
+rdma_tools=(ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_lat)
+rdma_missing() {
+    local t
+    for t in "${rdma_tools[@]}"; do
+        command -v "$t" >/dev/null 2>&1 || return 0
+    done
+    [[ ! -f /usr/include/infiniband/verbs.h ]]
+}
+if rdma_missing && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    run apt-get update -q || true
+    run env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        ibverbs-utils perftest libibverbs-dev || true
+fi
+if rdma_missing; then
+    hint="Install them with: sudo apt-get install ibverbs-utils perftest libibverbs-dev"
+    if $ci; then
+        missing "${rdma_tools[*]} / infiniband/verbs.h" "$hint"
+    fi
+    printf 'scripts/test.sh: rdma-core tools missing; their tests will be skipped. %s\n' "$hint" >&2
+fi
 
 # --- Build once, then test on that build ---------------------------------------------------
 run cargo build --workspace --all-targets

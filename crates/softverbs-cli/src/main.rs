@@ -7,6 +7,7 @@ mod devinfo;
 mod oob;
 mod perf;
 mod pingpong;
+mod run;
 
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -41,6 +42,9 @@ enum Command {
     /// The second process of `perf` (started by it).
     #[command(name = "perf-peer", hide = true)]
     PerfPeer(perf::PeerArgs),
+    /// Run an unmodified libibverbs program (`softverbs run -- ibv_devinfo -v`) over the
+    /// softverbs drop-in `libibverbs.so.1`; exits with the program's status.
+    Run(run::Args),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +68,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Command::Run(args) = &cli.command {
+        return run::run(args);
+    }
     match dispatch(&cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -79,6 +86,7 @@ fn dispatch(command: &Command) -> Result<()> {
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
         Command::PerfPeer(args) => perf::run_peer(args),
+        Command::Run(_) => Err("`run` is handled before dispatch".into()),
     }
 }
 

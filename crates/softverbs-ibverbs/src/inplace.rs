@@ -1,0 +1,172 @@
+//! Moving plain caller memory into a `memfd` in place at registration, so that peers in other
+//! processes map it and place bytes with plain stores (and atomics work across processes),
+//! instead of going through cross-memory attach.
+//!
+//! How: the page-rounded range is copied into a new `memfd`, which is then mapped
+//! `MAP_SHARED | MAP_FIXED` over the same addresses. Only private anonymous read-write memory
+//! (`malloc`/`memalign` heap or anonymous mappings, per `/proc/self/maps`) is moved; anything
+//! else keeps no backing and peers reach it by cross-memory attach.
+//!
+//! Hazards, accepted for now:
+//! - a thread that writes the range (or a neighbouring heap object in the same pages) between
+//!   the copy and the remap loses that write;
+//! - the pages are shared, not copy-on-write, with a child made by `fork` (rdma-core marks
+//!   MR pages don't-fork for a similar reason);
+//! - after the last registration of a range is gone its memfd is closed; the mapping stays
+//!   (the program's memory is intact) but a later registration of it falls back to
+//!   cross-memory attach.
+//!
+//! `SOFTVERBS_IBVERBS_INPLACE=0` turns this off.
+
+use softverbs_nic::keys::Backing;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Mutex;
+
+struct Moved {
+    start: usize,
+    len: usize,
+    fd: OwnedFd,
+    ino: u64,
+    refs: usize,
+}
+
+static MOVED: Mutex<Vec<Moved>> = Mutex::new(Vec::new());
+
+fn page() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+/// True if every byte of `start..end` lies in private anonymous read-write mappings.
+fn private_anon(start: usize, end: usize) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let mut covered = start;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let path = f.nth(3).unwrap_or("");
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        if b <= covered || a >= end {
+            continue;
+        }
+        if a > covered || perms != "rw-p" || !(path.is_empty() || path == "[heap]") {
+            return false;
+        }
+        covered = b;
+        if covered >= end {
+            return true;
+        }
+    }
+    false
+}
+
+/// Moves `addr..addr + len` into a memfd (or reuses the one it is already in) and returns the
+/// backing to register with; `None` leaves the memory as it is.
+pub fn acquire(addr: usize, len: usize) -> Option<Backing> {
+    if len == 0 || std::env::var("SOFTVERBS_IBVERBS_INPLACE").as_deref() == Ok("0") {
+        return None;
+    }
+    let pg = page();
+    let start = addr & !(pg - 1);
+    let end = addr.checked_add(len)?.checked_add(pg - 1)? & !(pg - 1);
+    let mut moved = MOVED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(m) = moved
+        .iter_mut()
+        .find(|m| m.start <= start && end <= m.start + m.len)
+    {
+        m.refs += 1;
+        return Some(Backing {
+            fd: m.fd.as_raw_fd(),
+            ino: m.ino,
+            offset: (addr - m.start) as u64,
+        });
+    }
+    if moved
+        .iter()
+        .any(|m| m.start < end && start < m.start + m.len)
+    {
+        return None; // overlaps a moved range only in part
+    }
+    if !private_anon(start, end) {
+        return None;
+    }
+    let size = end - start;
+    // SAFETY: memfd_create with a NUL-terminated name.
+    let raw = unsafe { libc::memfd_create(c"softverbs-mr".as_ptr(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: plain syscalls on our own descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `st` is writable.
+    if unsafe { libc::ftruncate(raw, size as libc::off_t) } != 0
+        || unsafe { libc::fstat(raw, &mut st) } != 0
+    {
+        return None;
+    }
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    // SAFETY: a new shared mapping of the memfd at an address of the kernel's choosing.
+    let tmp = unsafe { libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, raw, 0) };
+    if tmp == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: `start..end` is mapped read-write (checked above) and `tmp` has `size` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(start as *const u8, tmp as *mut u8, size);
+        libc::munmap(tmp, size);
+    }
+    // SAFETY: replaces the caller's pages with the memfd holding the same bytes; the module
+    // docs list the hazards.
+    let at = unsafe {
+        libc::mmap(
+            start as *mut libc::c_void,
+            size,
+            prot,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            raw,
+            0,
+        )
+    };
+    if at as usize != start {
+        return None;
+    }
+    let backing = Backing {
+        fd: raw,
+        ino: st.st_ino,
+        offset: (addr - start) as u64,
+    };
+    moved.push(Moved {
+        start,
+        len: size,
+        fd,
+        ino: st.st_ino,
+        refs: 1,
+    });
+    Some(backing)
+}
+
+/// Drops one registration of the moved range with this backing.
+pub fn release(b: &Backing) {
+    let mut moved = MOVED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = moved
+        .iter()
+        .position(|m| m.fd.as_raw_fd() == b.fd && m.ino == b.ino)
+    {
+        moved[i].refs -= 1;
+        if moved[i].refs == 0 {
+            moved.swap_remove(i);
+        }
+    }
+}

@@ -1,0 +1,1753 @@
+//! The implemented verbs. Each `sv_<name>` is bound to `<name>@@IBVERBS_<v>` by `build.rs`.
+
+use crate::abi::*;
+use crate::set_errno;
+use core::ffi::{c_char, c_int, c_uint, c_void};
+use softverbs_nic::cq::{Channel, Cq, Cqe};
+use softverbs_nic::device::Device;
+use softverbs_nic::objects::{Context, Mr, Pd};
+use softverbs_nic::qp::{Qp, QpAttr, QpCap, QpInit};
+use softverbs_nic::types::{
+    AccessFlags, AhAttr, GlobalRoute, LinkLayer, Mtu, QpAttrMask, QpState, QpType, SendFlags, Sge,
+    WrOpcode,
+};
+use softverbs_nic::wr::{Payload, SendOp, SendWqe, UdDest};
+use softverbs_nic::{Error, Result};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::ptr::null_mut;
+use std::sync::{Arc, Mutex, OnceLock};
+
+const EINVAL: c_int = libc::EINVAL;
+
+/// One software device, at a stable address for the life of the process.
+#[repr(C)]
+struct SvDevice {
+    dev: ibv_device,
+    nic: Arc<Device>,
+    index: c_int,
+}
+
+#[repr(C)]
+struct SvContext {
+    vctx: verbs_context,
+    nic: Arc<Context>,
+}
+
+#[repr(C)]
+struct SvPd {
+    pd: ibv_pd,
+    nic: Arc<Pd>,
+}
+
+#[repr(C)]
+struct SvMr {
+    mr: ibv_mr,
+    nic: Option<Mr>,
+    backing: Option<softverbs_nic::keys::Backing>,
+}
+
+impl Drop for SvMr {
+    fn drop(&mut self) {
+        // Deregister the key first, then let go of the memfd it names.
+        drop(self.nic.take());
+        if let Some(b) = &self.backing {
+            crate::inplace::release(b);
+        }
+    }
+}
+
+#[repr(C)]
+struct SvChannel {
+    ch: ibv_comp_channel,
+    nic: Arc<Channel>,
+}
+
+#[repr(C)]
+struct SvCq {
+    cq: ibv_cq,
+    nic: Arc<Cq>,
+}
+
+#[repr(C)]
+struct SvAh {
+    ah: ibv_ah,
+    nic: Arc<softverbs_nic::objects::Ah>,
+}
+
+#[repr(C)]
+struct SvSrq {
+    srq: ibv_srq,
+    nic: Arc<softverbs_nic::rq::Srq>,
+}
+
+#[repr(C)]
+struct SvQp {
+    /// `qp_base` first, so the `ibv_qp *` and the `ibv_qp_ex *` are the same address.
+    qpx: ibv_qp_ex,
+    /// Work requests built by the `ibv_wr_*` API between `wr_start` and `wr_complete`.
+    batch: Mutex<Batch>,
+    nic: Arc<Qp>,
+}
+
+/// Built once and never changed, so each `ibv_device` keeps its address for the process's life.
+static DEVICES: OnceLock<std::result::Result<Vec<SvDevice>, Error>> = OnceLock::new();
+
+fn devices() -> Result<&'static [SvDevice]> {
+    let list = DEVICES.get_or_init(|| {
+        let mut out = Vec::new();
+        for (i, nic) in Device::list()?.into_iter().enumerate() {
+            let mut dev = ibv_device {
+                _ops: _ibv_device_ops {
+                    _dummy1: None,
+                    _dummy2: None,
+                },
+                node_type: 1,      // IBV_NODE_CA
+                transport_type: 0, // IBV_TRANSPORT_IB
+                name: [0; 64],
+                dev_name: [0; 64],
+                dev_path: [0; 256],
+                ibdev_path: [0; 256],
+            };
+            copy_str(&mut dev.name, nic.name());
+            copy_str(&mut dev.dev_name, &format!("uverbs{i}"));
+            copy_str(
+                &mut dev.dev_path,
+                &format!("/sys/class/infiniband_verbs/uverbs{i}"),
+            );
+            copy_str(
+                &mut dev.ibdev_path,
+                &format!("/sys/class/infiniband/{}", nic.name()),
+            );
+            out.push(SvDevice {
+                dev,
+                nic,
+                index: i as c_int,
+            });
+        }
+        Ok(out)
+    });
+    list.as_deref().map_err(Clone::clone)
+}
+
+/// Copies `s` into a NUL-terminated C string buffer, truncating if needed.
+fn copy_str(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len() - 1);
+    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..n]) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
+}
+
+fn find_device(device: *const ibv_device) -> Option<&'static SvDevice> {
+    devices()
+        .ok()?
+        .iter()
+        .find(|d| std::ptr::eq(&d.dev, device))
+}
+
+/// The wrapper of a context this library opened.
+///
+/// # Safety
+/// `ctx` must come from [`sv_ibv_open_device`] and not be closed.
+unsafe fn ctx_of<'a>(ctx: *mut ibv_context) -> &'a SvContext {
+    let off = std::mem::offset_of!(verbs_context, context);
+    // SAFETY: the context is the `context` field of the `verbs_context` that starts an
+    // `SvContext` (repr(C), first field), so stepping back `off` bytes reaches it.
+    unsafe { &*((ctx as *mut u8).sub(off) as *const SvContext) }
+}
+
+/// Reports `e` the verbs way for calls that return the errno.
+fn rc(r: Result<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => e.errno(),
+    }
+}
+
+/// Reports `e` the verbs way for calls that return NULL and set errno.
+fn null<T>(e: Error) -> *mut T {
+    set_errno(e.errno());
+    null_mut()
+}
+
+fn inval<T>() -> *mut T {
+    set_errno(EINVAL);
+    null_mut()
+}
+
+// ---- Devices -------------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
+    let list = match devices() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("libibverbs (softverbs): {e}");
+            return null(e);
+        }
+    };
+    // SAFETY: calloc of (n + 1) pointers; checked for NULL below.
+    let arr = unsafe { libc::calloc(list.len() + 1, size_of::<*mut ibv_device>()) }
+        as *mut *mut ibv_device;
+    if arr.is_null() {
+        set_errno(libc::ENOMEM);
+        return null_mut();
+    }
+    for (i, d) in list.iter().enumerate() {
+        // SAFETY: `arr` has room for list.len() + 1 entries.
+        unsafe { *arr.add(i) = &d.dev as *const ibv_device as *mut ibv_device };
+    }
+    if !num.is_null() {
+        // SAFETY: the caller passes a valid `int *` or NULL.
+        unsafe { *num = list.len() as c_int };
+    }
+    arr
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: `list` came from `sv_ibv_get_device_list` (calloc) or is NULL.
+    unsafe { libc::free(list as *mut c_void) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    match find_device(device) {
+        Some(d) => d.dev.name.as_ptr(),
+        None => {
+            set_errno(EINVAL);
+            std::ptr::null()
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+    find_device(device).map_or(0, |d| d.nic.config().node_guid.to_be())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    find_device(device).map_or(-1, |d| d.index)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    let Some(d) = find_device(device) else {
+        return inval();
+    };
+    let nic = match Context::open(d.nic.clone()) {
+        Ok(c) => c,
+        Err(e) => return null(e),
+    };
+    let ops = ibv_context_ops {
+        _compat0: [None; 11],
+        poll_cq: Some(poll_cq),
+        req_notify_cq: Some(req_notify_cq),
+        _compat1: [None; 7],
+        post_srq_recv: Some(post_srq_recv),
+        _compat2: [None; 4],
+        post_send: Some(post_send),
+        post_recv: Some(post_recv),
+        _compat3: [None; 5],
+    };
+    let vctx = verbs_context {
+        create_qp_ex: Some(create_qp_ex),
+        query_port: Some(vctx_query_port),
+        _ex0: [None; 23],
+        query_rt_values: None,
+        create_cq_ex: None,
+        priv_: null_mut(),
+        query_device_ex: None,
+        _ex1: [None; 5],
+        _ex2: [None; 4],
+        _ABI_placeholder3: 0,
+        sz: size_of::<verbs_context>(),
+        context: ibv_context {
+            device,
+            ops,
+            cmd_fd: -1,
+            async_fd: nic.events().fd().as_raw_fd(),
+            num_comp_vectors: 1,
+            mutex: Default::default(),
+            abi_compat: VERBS_ABI_IS_EXTENDED,
+        },
+    };
+    let b = Box::into_raw(Box::new(SvContext { vctx, nic }));
+    // SAFETY: `b` is a fresh, valid allocation.
+    unsafe { &mut (*b).vctx.context }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    if ctx.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: `ctx` came from `sv_ibv_open_device`; the wrapper was made by Box::into_raw.
+    drop(unsafe { Box::from_raw(ctx_of(ctx) as *const SvContext as *mut SvContext) });
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_query_device(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    if ctx.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a context of ours.
+    let a = unsafe { ctx_of(ctx) }.nic.device().attr();
+    let i = |v: u32| v.min(i32::MAX as u32) as c_int;
+    let mut out = ibv_device_attr {
+        node_guid: a.node_guid.to_be(),
+        sys_image_guid: a.sys_image_guid.to_be(),
+        max_mr_size: a.max_mr_size,
+        page_size_cap: a.page_size_cap,
+        vendor_id: a.vendor_id,
+        vendor_part_id: a.vendor_part_id,
+        hw_ver: a.hw_ver,
+        max_qp: i(a.max_qp),
+        max_qp_wr: i(a.max_qp_wr),
+        device_cap_flags: a.device_cap_flags,
+        max_sge: i(a.max_sge),
+        max_sge_rd: i(a.max_sge_rd),
+        max_cq: i(a.max_cq),
+        max_cqe: i(a.max_cqe),
+        max_mr: i(a.max_mr),
+        max_pd: i(a.max_pd),
+        max_qp_rd_atom: i(a.max_qp_rd_atom),
+        max_res_rd_atom: i(a.max_res_rd_atom),
+        max_qp_init_rd_atom: i(a.max_qp_init_rd_atom),
+        atomic_cap: a.atomic_cap as c_int,
+        max_ah: i(a.max_ah),
+        max_srq: i(a.max_srq),
+        max_srq_wr: i(a.max_srq_wr),
+        max_srq_sge: i(a.max_srq_sge),
+        max_pkeys: a.max_pkeys,
+        local_ca_ack_delay: a.local_ca_ack_delay,
+        phys_port_cnt: a.phys_port_cnt,
+        ..Default::default()
+    };
+    copy_str(&mut out.fw_ver, &a.fw_ver);
+    // SAFETY: the caller passes a writable `struct ibv_device_attr`.
+    unsafe { attr.write(out) };
+    0
+}
+
+fn port_attr(ctx: &SvContext, port: u8) -> Result<ibv_port_attr> {
+    let p = ctx.nic.device().port_attr(port)?;
+    Ok(ibv_port_attr {
+        state: p.state as c_int,
+        max_mtu: p.max_mtu as c_int,
+        active_mtu: p.active_mtu as c_int,
+        gid_tbl_len: p.gid_tbl_len,
+        port_cap_flags: p.port_cap_flags,
+        max_msg_sz: p.max_msg_sz,
+        bad_pkey_cntr: p.bad_pkey_cntr,
+        qkey_viol_cntr: p.qkey_viol_cntr,
+        pkey_tbl_len: p.pkey_tbl_len,
+        lid: p.lid,
+        sm_lid: p.sm_lid,
+        lmc: p.lmc,
+        max_vl_num: p.max_vl_num,
+        sm_sl: p.sm_sl,
+        subnet_timeout: p.subnet_timeout,
+        init_type_reply: p.init_type_reply,
+        active_width: p.active_width,
+        active_speed: p.active_speed,
+        phys_state: p.phys_state,
+        link_layer: p.link_layer as u8,
+        flags: 0,
+        port_cap_flags2: 0,
+    })
+}
+
+/// `verbs_context::query_port`, which the header's inline `ibv_query_port` calls.
+unsafe extern "C" fn vctx_query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    if ctx.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a context of ours.
+    match port_attr(unsafe { ctx_of(ctx) }, port) {
+        Ok(a) => {
+            let n = len.min(size_of::<ibv_port_attr>());
+            // SAFETY: the caller's struct has `len` writable bytes; we copy at most that.
+            unsafe {
+                std::ptr::copy_nonoverlapping(&a as *const _ as *const u8, attr as *mut u8, n)
+            };
+            0
+        }
+        Err(e) => e.errno(),
+    }
+}
+
+/// The exported `ibv_query_port` (the inline's fallback, and old binaries): fills the
+/// classic struct, up to `flags`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        vctx_query_port(
+            ctx,
+            port,
+            attr,
+            std::mem::offset_of!(ibv_port_attr, port_cap_flags2),
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_query_gid(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut [u8; 16],
+) -> c_int {
+    if ctx.is_null() || gid.is_null() || index < 0 {
+        set_errno(EINVAL);
+        return -1;
+    }
+    // SAFETY: a context of ours.
+    match unsafe { ctx_of(ctx) }.nic.device().gid(port, index as u32) {
+        Ok(g) => {
+            // SAFETY: the caller passes a writable `union ibv_gid`.
+            unsafe { gid.write(g.0) };
+            0
+        }
+        Err(e) => {
+            set_errno(e.errno());
+            -1
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_query_gid_type(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_uint,
+    ty: *mut c_int,
+) -> c_int {
+    if ctx.is_null() || ty.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a context of ours.
+    let dev = unsafe { ctx_of(ctx) }.nic.device();
+    if let Err(e) = dev.gid(port, index) {
+        return e.errno();
+    }
+    // IBV_GID_TYPE_SYSFS_IB_ROCE_V1 (0) for InfiniBand, ..._ROCE_V2 (1) for RoCE.
+    let v = c_int::from(dev.config().link_layer == LinkLayer::Ethernet);
+    // SAFETY: the caller passes a writable enum.
+    unsafe { ty.write(v) };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_query_pkey(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    if ctx.is_null() || pkey.is_null() || !(0..=0xffff).contains(&index) {
+        set_errno(EINVAL);
+        return -1;
+    }
+    // SAFETY: a context of ours.
+    match unsafe { ctx_of(ctx) }.nic.device().pkey(port, index as u16) {
+        Ok(k) => {
+            // SAFETY: the caller passes a writable `__be16`.
+            unsafe { pkey.write(k.to_be()) };
+            0
+        }
+        Err(e) => {
+            set_errno(e.errno());
+            -1
+        }
+    }
+}
+
+// ---- Fork support: nothing to do (MRs are plain memory) -------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_fork_init() -> c_int {
+    0
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_is_fork_initialized() -> c_int {
+    0 // IBV_FORK_DISABLED
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+// ---- PDs and MRs ---------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    if ctx.is_null() {
+        return inval();
+    }
+    // SAFETY: a context of ours.
+    match unsafe { ctx_of(ctx) }.nic.alloc_pd() {
+        Ok(nic) => {
+            let b = Box::new(SvPd {
+                pd: ibv_pd {
+                    context: ctx,
+                    handle: nic.id(),
+                },
+                nic,
+            });
+            Box::into_raw(b) as *mut ibv_pd
+        }
+        Err(e) => null(e),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    if pd.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: `pd` came from `sv_ibv_alloc_pd` (Box::into_raw of an SvPd).
+    drop(unsafe { Box::from_raw(pd as *mut SvPd) });
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    if pd.is_null() {
+        return inval();
+    }
+    // SAFETY: `pd` came from `sv_ibv_alloc_pd`.
+    let sv = unsafe { &*(pd as *const SvPd) };
+    // Bad flags fail before any memory is moved.
+    if let Err(e) = Pd::effective_access(access) {
+        return null(e);
+    }
+    let backing = crate::inplace::acquire(addr as usize, length);
+    // SAFETY: verbs requires the buffer to stay valid until `ibv_dereg_mr`; the NIC reaches
+    // it through this process's address space, and peers through the memfd it was moved into
+    // (or by cross-memory attach when it was not).
+    let r = unsafe { sv.nic.reg_mr(addr as usize, length, iova, access, backing) };
+    if r.is_err()
+        && let Some(b) = &backing
+    {
+        crate::inplace::release(b);
+    }
+    match r {
+        Ok(nic) => {
+            let mr = ibv_mr {
+                // SAFETY: a PD of ours.
+                context: unsafe { (*pd).context },
+                pd,
+                addr,
+                length,
+                handle: nic.key(),
+                lkey: nic.key(),
+                rkey: nic.key(),
+            };
+            Box::into_raw(Box::new(SvMr {
+                mr,
+                nic: Some(nic),
+                backing,
+            })) as *mut ibv_mr
+        }
+        Err(e) => null(e),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded caller arguments.
+    unsafe { sv_ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded caller arguments.
+    unsafe { sv_ibv_reg_mr_iova2(pd, addr, length, iova, access as c_uint) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    if mr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: `mr` came from `sv_ibv_reg_mr_iova2` (Box::into_raw of an SvMr).
+    drop(unsafe { Box::from_raw(mr as *mut SvMr) });
+    0
+}
+
+// ---- Completion channels and CQs -----------------------------------------------------------
+
+/// Maps a NIC CQ (by `Arc` address) to the `ibv_cq` handed to C, for `ibv_get_cq_event`.
+fn cq_map() -> &'static Mutex<HashMap<usize, usize>> {
+    static MAP: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_create_comp_channel(
+    ctx: *mut ibv_context,
+) -> *mut ibv_comp_channel {
+    if ctx.is_null() {
+        return inval();
+    }
+    match Channel::new() {
+        Ok(nic) => {
+            let ch = ibv_comp_channel {
+                context: ctx,
+                fd: nic.fd().as_raw_fd(),
+                refcnt: 0,
+            };
+            Box::into_raw(Box::new(SvChannel { ch, nic })) as *mut ibv_comp_channel
+        }
+        Err(e) => null(e),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    if ch.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: `ch` came from `sv_ibv_create_comp_channel`.
+    if unsafe { (*ch).refcnt } > 0 {
+        return libc::EBUSY;
+    }
+    // SAFETY: as above; Box::into_raw of an SvChannel.
+    drop(unsafe { Box::from_raw(ch as *mut SvChannel) });
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    if ctx.is_null() || cqe < 1 {
+        return inval();
+    }
+    let nic_ch = if channel.is_null() {
+        None
+    } else {
+        // SAFETY: `channel` came from `sv_ibv_create_comp_channel`.
+        Some(unsafe { &*(channel as *const SvChannel) }.nic.clone())
+    };
+    // SAFETY: a context of ours.
+    let nic = match unsafe { ctx_of(ctx) }.nic.create_cq(cqe as u32, nic_ch) {
+        Ok(c) => c,
+        Err(e) => return null(e),
+    };
+    let cq = ibv_cq {
+        context: ctx,
+        channel,
+        cq_context,
+        handle: nic.id(),
+        cqe: nic.capacity().min(i32::MAX as u32) as c_int,
+        mutex: Default::default(),
+        cond: Default::default(),
+        comp_events_completed: 0,
+        async_events_completed: 0,
+    };
+    let key = Arc::as_ptr(&nic) as usize;
+    let b = Box::into_raw(Box::new(SvCq { cq, nic }));
+    cq_map()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, b as usize);
+    if !channel.is_null() {
+        // SAFETY: a channel of ours.
+        unsafe { (*channel).refcnt += 1 };
+    }
+    b as *mut ibv_cq
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    if cq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: `cq` came from `sv_ibv_create_cq` (Box::into_raw of an SvCq).
+    let b = unsafe { Box::from_raw(cq as *mut SvCq) };
+    cq_map()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(Arc::as_ptr(&b.nic) as usize));
+    if !b.cq.channel.is_null() {
+        // SAFETY: the CQ's channel outlives it (destroying it first fails with EBUSY).
+        unsafe { (*b.cq.channel).refcnt -= 1 };
+    }
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    if ch.is_null() || cq_out.is_null() || ctx_out.is_null() {
+        set_errno(EINVAL);
+        return -1;
+    }
+    // SAFETY: a channel of ours.
+    let sv = unsafe { &*(ch as *const SvChannel) };
+    // Always waits: the NIC's doorbell pipe is non-blocking by construction, so a caller
+    // that sets O_NONBLOCK on the channel fd cannot be told apart (known gap).
+    let nic_cq = match sv.nic.get_event(true) {
+        Ok(c) => c,
+        Err(e) => {
+            set_errno(e.errno());
+            return -1;
+        }
+    };
+    let map = cq_map().lock().unwrap_or_else(|e| e.into_inner());
+    let Some(&p) = map.get(&(Arc::as_ptr(&nic_cq) as usize)) else {
+        set_errno(libc::ENOENT);
+        return -1;
+    };
+    let cq = p as *mut ibv_cq;
+    // SAFETY: caller's out-pointers; `cq` is live while it is in the map.
+    unsafe {
+        *cq_out = cq;
+        *ctx_out = (*cq).cq_context;
+    }
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
+    if cq.is_null() {
+        return;
+    }
+    // SAFETY: a CQ of ours.
+    let sv = unsafe { &mut *(cq as *mut SvCq) };
+    sv.nic.ack_events(n);
+    sv.cq.comp_events_completed = sv.cq.comp_events_completed.wrapping_add(n);
+}
+
+unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if cq.is_null() || n < 0 || (wc.is_null() && n > 0) {
+        return -EINVAL;
+    }
+    // SAFETY: a CQ of ours.
+    let sv = unsafe { &*(cq as *const SvCq) };
+    let mut i = 0usize;
+    sv.nic.poll_with(n as usize, |c: Cqe| {
+        let out = ibv_wc {
+            wr_id: c.wr_id,
+            status: c_int::from(c.status),
+            opcode: c_int::from(c.opcode),
+            vendor_err: c.vendor_err,
+            byte_len: c.byte_len,
+            imm_data: c.imm_data,
+            qp_num: c.qp_num,
+            src_qp: c.src_qp,
+            wc_flags: c_uint::from(c.wc_flags),
+            pkey_index: c.pkey_index,
+            slid: c.slid,
+            sl: c.sl,
+            dlid_path_bits: c.dlid_path_bits,
+        };
+        // SAFETY: the caller's array has `n` entries and i < n.
+        unsafe { wc.add(i).write(out) };
+        i += 1;
+    });
+    i as c_int
+}
+
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    if cq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a CQ of ours.
+    rc(unsafe { &*(cq as *const SvCq) }
+        .nic
+        .req_notify(solicited_only != 0))
+}
+
+// ---- QPs -----------------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    if pd.is_null() || init.is_null() {
+        return inval();
+    }
+    // SAFETY: caller's attributes.
+    let ia = unsafe { &mut *init };
+    let Some(qp_type) = QpType::from_raw(ia.qp_type as u32) else {
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    };
+    if ia.send_cq.is_null() || ia.recv_cq.is_null() {
+        return inval();
+    }
+    // SAFETY: PD and CQs of ours.
+    let (sv_pd, scq, rcq) = unsafe {
+        (
+            &*(pd as *const SvPd),
+            &*(ia.send_cq as *const SvCq),
+            &*(ia.recv_cq as *const SvCq),
+        )
+    };
+    let c = ia.cap;
+    let nic = match sv_pd.nic.create_qp(QpInit {
+        qp_type,
+        send_cq: scq.nic.clone(),
+        recv_cq: rcq.nic.clone(),
+        srq: (!ia.srq.is_null())
+            // SAFETY: an SRQ of ours.
+            .then(|| unsafe { &*(ia.srq as *const SvSrq) }.nic.clone()),
+        cap: QpCap {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: c.max_recv_wr,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline_data: c.max_inline_data,
+        },
+        sq_sig_all: ia.sq_sig_all != 0,
+    }) {
+        Ok(q) => q,
+        Err(e) => return null(e),
+    };
+    ia.cap = cap_out(nic.cap());
+    let qp = ibv_qp {
+        // SAFETY: a PD of ours.
+        context: unsafe { (*pd).context },
+        qp_context: ia.qp_context,
+        pd,
+        send_cq: ia.send_cq,
+        recv_cq: ia.recv_cq,
+        srq: ia.srq,
+        handle: nic.qpn(),
+        qp_num: nic.qpn(),
+        state: QpState::Reset as c_int,
+        qp_type: ia.qp_type,
+        mutex: Default::default(),
+        cond: Default::default(),
+        events_completed: 0,
+    };
+    Box::into_raw(Box::new(SvQp {
+        qpx: qp_ex(qp),
+        batch: Mutex::new(Batch::default()),
+        nic,
+    })) as *mut ibv_qp
+}
+
+fn cap_out(c: QpCap) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    if qp.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: `qp` came from `sv_ibv_create_qp` (Box::into_raw of an SvQp).
+    drop(unsafe { Box::from_raw(qp as *mut SvQp) });
+    0
+}
+
+fn ah_in(a: &ibv_ah_attr) -> AhAttr {
+    AhAttr {
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        port_num: a.port_num,
+        grh: (a.is_global != 0).then_some(GlobalRoute {
+            dgid: softverbs_nic::types::Gid(a.grh.dgid.0),
+            flow_label: a.grh.flow_label,
+            sgid_index: a.grh.sgid_index,
+            hop_limit: a.grh.hop_limit,
+            traffic_class: a.grh.traffic_class,
+        }),
+    }
+}
+
+fn ah_out(a: &AhAttr) -> ibv_ah_attr {
+    let g = a.grh.unwrap_or_default();
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid(g.dgid.0),
+            flow_label: g.flow_label,
+            sgid_index: g.sgid_index,
+            hop_limit: g.hop_limit,
+            traffic_class: g.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: u8::from(a.grh.is_some()),
+        port_num: a.port_num,
+    }
+}
+
+fn attr_in(a: &ibv_qp_attr, mask: QpAttrMask) -> Result<QpAttr> {
+    let bad = |what: &str| Error::InvalidArgument(what.to_string());
+    let state = |v: c_int| QpState::from_raw(v as u32);
+    let mut out = QpAttr::default();
+    if mask.contains(QpAttrMask::STATE) {
+        out.qp_state = state(a.qp_state).ok_or_else(|| bad("qp_state"))?;
+    }
+    if mask.contains(QpAttrMask::CUR_STATE) {
+        out.cur_qp_state = state(a.cur_qp_state).ok_or_else(|| bad("cur_qp_state"))?;
+    }
+    if mask.contains(QpAttrMask::PATH_MTU) {
+        out.path_mtu = Mtu::from_raw(a.path_mtu as u32).ok_or_else(|| bad("path_mtu"))?;
+    }
+    out.path_mig_state = a.path_mig_state as u32;
+    out.qkey = a.qkey;
+    out.rq_psn = a.rq_psn;
+    out.sq_psn = a.sq_psn;
+    out.dest_qp_num = a.dest_qp_num;
+    out.qp_access_flags = AccessFlags::from_bits_retain(a.qp_access_flags);
+    out.cap = QpCap {
+        max_send_wr: a.cap.max_send_wr,
+        max_recv_wr: a.cap.max_recv_wr,
+        max_send_sge: a.cap.max_send_sge,
+        max_recv_sge: a.cap.max_recv_sge,
+        max_inline_data: a.cap.max_inline_data,
+    };
+    out.ah_attr = ah_in(&a.ah_attr);
+    out.alt_ah_attr = ah_in(&a.alt_ah_attr);
+    out.pkey_index = a.pkey_index;
+    out.alt_pkey_index = a.alt_pkey_index;
+    out.en_sqd_async_notify = a.en_sqd_async_notify != 0;
+    out.max_rd_atomic = a.max_rd_atomic;
+    out.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    out.min_rnr_timer = a.min_rnr_timer;
+    out.port_num = a.port_num;
+    out.timeout = a.timeout;
+    out.retry_cnt = a.retry_cnt;
+    out.rnr_retry = a.rnr_retry;
+    out.alt_port_num = a.alt_port_num;
+    out.alt_timeout = a.alt_timeout;
+    out.rate_limit = a.rate_limit;
+    Ok(out)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    if qp.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP of ours, and the caller's attributes.
+    let (sv, a) = unsafe { (&mut *(qp as *mut SvQp), &*attr) };
+    let mask = QpAttrMask::from_bits_retain(mask as u32);
+    let r = attr_in(a, mask).and_then(|na| sv.nic.modify(&na, mask));
+    sv.qpx.qp_base.state = sv.nic.state() as c_int;
+    rc(r)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    if qp.is_null() || attr.is_null() || init.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP of ours.
+    let sv = unsafe { &mut *(qp as *mut SvQp) };
+    let a = sv.nic.query();
+    sv.qpx.qp_base.state = a.qp_state as c_int;
+    let out = ibv_qp_attr {
+        qp_state: a.qp_state as c_int,
+        cur_qp_state: a.cur_qp_state as c_int,
+        path_mtu: a.path_mtu as c_int,
+        path_mig_state: a.path_mig_state as c_int,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.bits(),
+        cap: cap_out(a.cap),
+        ah_attr: ah_out(&a.ah_attr),
+        alt_ah_attr: ah_out(&a.alt_ah_attr),
+        pkey_index: a.pkey_index,
+        alt_pkey_index: a.alt_pkey_index,
+        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+        sq_draining: u8::from(a.sq_draining),
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num: a.alt_port_num,
+        alt_timeout: a.alt_timeout,
+        rate_limit: a.rate_limit,
+    };
+    let init_out = ibv_qp_init_attr {
+        qp_context: sv.qpx.qp_base.qp_context,
+        send_cq: sv.qpx.qp_base.send_cq,
+        recv_cq: sv.qpx.qp_base.recv_cq,
+        srq: sv.qpx.qp_base.srq,
+        cap: cap_out(a.cap),
+        qp_type: sv.qpx.qp_base.qp_type,
+        sq_sig_all: c_int::from(sv.nic.sq_sig_all()),
+    };
+    // SAFETY: the caller's writable out-structs.
+    unsafe {
+        attr.write(out);
+        init.write(init_out);
+    }
+    0
+}
+
+// ---- Data path (through `ibv_context::ops`) ------------------------------------------------
+
+/// The SGE list of a work request.
+///
+/// # Safety
+/// `list` must point to `n` SGEs (or `n` is 0).
+unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>> {
+    if n < 0 || (n > 0 && list.is_null()) {
+        return Err(Error::InvalidArgument("num_sge/sg_list".into()));
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the caller's list has `n` entries.
+    let s = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    Ok(s.iter()
+        .map(|g| Sge {
+            addr: g.addr,
+            length: g.length,
+            lkey: g.lkey,
+        })
+        .collect())
+}
+
+/// Converts one `ibv_send_wr`.
+///
+/// # Safety
+/// `w` must be a valid send WR whose SGE list (and, for INLINE, the bytes it points at) is
+/// readable.
+unsafe fn send_wqe(w: &ibv_send_wr) -> Result<SendWqe<'static>> {
+    let bad = |m: &str| Error::InvalidArgument(m.to_string());
+    let op = WrOpcode::from_raw(w.opcode as u32).ok_or_else(|| bad("unsupported opcode"))?;
+    // SAFETY: reading the union member the opcode selects.
+    let op = unsafe {
+        match op {
+            WrOpcode::Send => SendOp::Send,
+            WrOpcode::SendWithImm => SendOp::SendWithImm { imm: w.imm_data },
+            WrOpcode::RdmaWrite => SendOp::RdmaWrite {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+            },
+            WrOpcode::RdmaWriteWithImm => SendOp::RdmaWriteWithImm {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+                imm: w.imm_data,
+            },
+            WrOpcode::RdmaRead => SendOp::RdmaRead {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+            },
+            WrOpcode::AtomicCmpAndSwp => SendOp::CmpSwap {
+                remote_addr: w.wr.atomic.remote_addr,
+                rkey: w.wr.atomic.rkey,
+                compare: w.wr.atomic.compare_add,
+                swap: w.wr.atomic.swap,
+            },
+            WrOpcode::AtomicFetchAndAdd => SendOp::FetchAdd {
+                remote_addr: w.wr.atomic.remote_addr,
+                rkey: w.wr.atomic.rkey,
+                add: w.wr.atomic.compare_add,
+            },
+        }
+    };
+    let flags = SendFlags::from_bits_retain(w.send_flags);
+    // SAFETY: the caller's SGE list.
+    let list = unsafe { sges(w.sg_list, w.num_sge) }?;
+    let payload = if flags.contains(SendFlags::INLINE) {
+        let mut bytes = Vec::with_capacity(list.iter().map(|s| s.length as usize).sum());
+        for s in &list {
+            if s.length > 0 {
+                // SAFETY: with IBV_SEND_INLINE the SGE addresses are the caller's own
+                // readable buffers (no key involved), valid for the duration of the call.
+                bytes.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                });
+            }
+        }
+        Payload::Inline(Cow::Owned(bytes))
+    } else {
+        Payload::Sges(Cow::Owned(list))
+    };
+    Ok(SendWqe {
+        wr_id: w.wr_id,
+        op,
+        flags,
+        payload,
+        ud: None,
+    })
+}
+
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    if qp.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP of ours.
+    let sv = unsafe { &*(qp as *const SvQp) };
+    let mut ptrs = Vec::new();
+    let mut wqes = Vec::new();
+    let mut failed: Option<(usize, c_int)> = None;
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller's linked list of valid WRs.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        let conv = unsafe { send_wqe(w) }.and_then(|mut q| {
+            if sv.nic.qp_type() == QpType::Ud {
+                // SAFETY: a UD WR's `wr.ud` names an address handle of ours (or NULL).
+                let ud = unsafe { w.wr.ud };
+                if ud.ah.is_null() {
+                    return Err(Error::InvalidArgument("UD send without an AH".into()));
+                }
+                q.ud = Some(UdDest {
+                    // SAFETY: as above.
+                    ah: unsafe { &*(ud.ah as *const SvAh) }.nic.clone(),
+                    remote_qpn: ud.remote_qpn,
+                    remote_qkey: ud.remote_qkey,
+                });
+            }
+            Ok(q)
+        });
+        match conv {
+            Ok(q) => {
+                ptrs.push(cur);
+                wqes.push(q);
+            }
+            Err(e) => {
+                ptrs.push(cur);
+                failed = Some((ptrs.len() - 1, e.errno()));
+                break;
+            }
+        }
+        cur = w.next;
+    }
+    let result = match sv.nic.post_send(wqes) {
+        Ok(()) => failed,
+        Err(e) => Some((e.index, e.error.errno())),
+    };
+    match result {
+        None => 0,
+        Some((i, errno)) => {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = ptrs[i] };
+            }
+            errno
+        }
+    }
+}
+
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if qp.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP of ours.
+    let sv = unsafe { &*(qp as *const SvQp) };
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller's linked list of valid WRs and their SGE lists.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|s| sv.nic.post_recv(w.wr_id, &s));
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = cur };
+            }
+            return e.errno();
+        }
+        cur = w.next;
+    }
+    0
+}
+
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if srq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ of ours.
+    let sv = unsafe { &*(srq as *const SvSrq) };
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller's linked list of valid WRs and their SGE lists.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|s| sv.nic.post(w.wr_id, &s));
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = cur };
+            }
+            return e.errno();
+        }
+        cur = w.next;
+    }
+    0
+}
+
+// ---- Address handles and SRQs --------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    if pd.is_null() || attr.is_null() {
+        return inval();
+    }
+    // SAFETY: a PD of ours and the caller's attributes.
+    let (sv, a) = unsafe { (&*(pd as *const SvPd), &*attr) };
+    match sv.nic.create_ah(&ah_in(a)) {
+        Ok(nic) => {
+            let ah = ibv_ah {
+                // SAFETY: a PD of ours.
+                context: unsafe { (*pd).context },
+                pd,
+                handle: 0,
+            };
+            Box::into_raw(Box::new(SvAh { ah, nic })) as *mut ibv_ah
+        }
+        Err(e) => null(e),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    if ah.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: `ah` came from `sv_ibv_create_ah` (Box::into_raw of an SvAh).
+    drop(unsafe { Box::from_raw(ah as *mut SvAh) });
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    if pd.is_null() || init.is_null() {
+        return inval();
+    }
+    // SAFETY: a PD of ours and the caller's attributes.
+    let (sv, ia) = unsafe { (&*(pd as *const SvPd), &mut *init) };
+    let a = ia.attr;
+    match sv.nic.create_srq(a.max_wr, a.max_sge, a.srq_limit) {
+        Ok(nic) => {
+            let (max_wr, max_sge, srq_limit) = nic.attr();
+            ia.attr = ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit,
+            };
+            let srq = ibv_srq {
+                // SAFETY: a PD of ours.
+                context: unsafe { (*pd).context },
+                srq_context: ia.srq_context,
+                pd,
+                handle: nic.id(),
+                mutex: Default::default(),
+                cond: Default::default(),
+                events_completed: 0,
+            };
+            Box::into_raw(Box::new(SvSrq { srq, nic })) as *mut ibv_srq
+        }
+        Err(e) => null(e),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ of ours.
+    let (max_wr, max_sge, srq_limit) = unsafe { &*(srq as *const SvSrq) }.nic.attr();
+    // SAFETY: the caller's writable struct.
+    unsafe {
+        attr.write(ibv_srq_attr {
+            max_wr,
+            max_sge,
+            srq_limit,
+        })
+    };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    if srq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: `srq` came from `sv_ibv_create_srq` (Box::into_raw of an SvSrq).
+    drop(unsafe { Box::from_raw(srq as *mut SvSrq) });
+    0
+}
+
+// ---- Strings -------------------------------------------------------------------------------
+
+fn pick(table: &[&'static core::ffi::CStr], i: c_int) -> *const c_char {
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| table.get(i))
+        .map_or(c"unknown".as_ptr(), |s| s.as_ptr())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_wc_status_str(status: c_int) -> *const c_char {
+    pick(
+        &[
+            c"success",
+            c"local length error",
+            c"local QP operation error",
+            c"local EE context operation error",
+            c"local protection error",
+            c"Work Request Flushed Error",
+            c"memory management operation error",
+            c"bad response error",
+            c"local access error",
+            c"remote invalid request error",
+            c"remote access error",
+            c"remote operation error",
+            c"transport retry counter exceeded",
+            c"RNR retry counter exceeded",
+            c"local RDD violation error",
+            c"remote invalid RD request",
+            c"aborted error",
+            c"invalid EE context number",
+            c"invalid EE context state",
+            c"fatal error",
+            c"response timeout error",
+            c"general error",
+            c"TM error",
+            c"TM Rendezvous error",
+        ],
+        status,
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_node_type_str(t: c_int) -> *const c_char {
+    pick(
+        &[
+            c"unknown",
+            c"InfiniBand channel adapter",
+            c"InfiniBand switch",
+            c"InfiniBand router",
+            c"iWARP NIC",
+            c"usNIC",
+            c"usNIC UDP",
+            c"unspecified",
+        ],
+        t,
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_port_state_str(s: c_int) -> *const c_char {
+    pick(
+        &[
+            c"PORT_NOP",
+            c"PORT_DOWN",
+            c"PORT_INIT",
+            c"PORT_ARMED",
+            c"PORT_ACTIVE",
+            c"PORT_ACTIVE_DEFER",
+        ],
+        s,
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_event_type_str(e: c_int) -> *const c_char {
+    pick(
+        &[
+            c"CQ error",
+            c"local work queue catastrophic error",
+            c"invalid request local work queue error",
+            c"local access violation work queue error",
+            c"communication established",
+            c"send queue drained",
+            c"path migrated",
+            c"path migration request error",
+            c"local catastrophic error",
+            c"port active",
+            c"port error",
+            c"LID change",
+            c"P_Key change",
+            c"SM change",
+            c"SRQ catastrophic error",
+            c"SRQ limit reached",
+            c"last WQE reached",
+            c"client reregistration",
+            c"GID table change",
+            c"WQ fatal",
+        ],
+        e,
+    )
+}
+
+// ---- The new post-send API (`ibv_qp_ex`, `ibv_wr_*`) ---------------------------------------
+
+/// `IBV_QP_INIT_ATTR_PD`, `..._CREATE_FLAGS` and `..._SEND_OPS_FLAGS`.
+const QP_INIT_PD: u32 = 1;
+const QP_INIT_CREATE_FLAGS: u32 = 1 << 2;
+const QP_INIT_SEND_OPS_FLAGS: u32 = 1 << 6;
+/// `IBV_QP_EX_WITH_RDMA_WRITE` … `IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD`: the opcodes the
+/// `ibv_wr_*` API supports here.
+const SEND_OPS_SUPPORTED: u64 = (1 << 7) - 1;
+
+#[derive(Default)]
+struct Batch {
+    wqes: Vec<SendWqe<'static>>,
+    /// First error of the batch (an `ibv_wr_*` call out of order); `wr_complete` returns it.
+    error: Option<c_int>,
+}
+
+fn qp_ex(qp_base: ibv_qp) -> ibv_qp_ex {
+    ibv_qp_ex {
+        qp_base,
+        comp_mask: 0,
+        wr_id: 0,
+        wr_flags: 0,
+        wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
+        wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
+        wr_bind_mw: None,
+        wr_local_inv: None,
+        wr_rdma_read: Some(wr_rdma_read),
+        wr_rdma_write: Some(wr_rdma_write),
+        wr_rdma_write_imm: Some(wr_rdma_write_imm),
+        wr_send: Some(wr_send),
+        wr_send_imm: Some(wr_send_imm),
+        wr_send_inv: None,
+        wr_send_tso: None,
+        wr_set_ud_addr: Some(wr_set_ud_addr),
+        wr_set_xrc_srqn: None,
+        wr_set_inline_data: Some(wr_set_inline_data),
+        wr_set_inline_data_list: Some(wr_set_inline_data_list),
+        wr_set_sge: Some(wr_set_sge),
+        wr_set_sge_list: Some(wr_set_sge_list),
+        wr_start: Some(wr_start),
+        wr_complete: Some(wr_complete),
+        wr_abort: Some(wr_abort),
+        wr_atomic_write: None,
+    }
+}
+
+/// `verbs_context::create_qp_ex`, reached by the header's inline `ibv_create_qp_ex`.
+unsafe extern "C" fn create_qp_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    if ctx.is_null() || attr.is_null() {
+        return inval();
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    let known = QP_INIT_PD | QP_INIT_CREATE_FLAGS | QP_INIT_SEND_OPS_FLAGS;
+    if a.comp_mask & QP_INIT_PD == 0 || a.pd.is_null() {
+        return inval();
+    }
+    if a.comp_mask & !known != 0
+        || (a.comp_mask & QP_INIT_CREATE_FLAGS != 0 && a.create_flags != 0)
+        || (a.comp_mask & QP_INIT_SEND_OPS_FLAGS != 0
+            && a.send_ops_flags & !SEND_OPS_SUPPORTED != 0)
+    {
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    // SAFETY: `struct ibv_qp_init_attr_ex` starts with the fields of `struct ibv_qp_init_attr`
+    // (checked by tests/layout.rs), and create_qp writes back only `cap`.
+    unsafe { sv_ibv_create_qp(a.pd, attr as *mut ibv_qp_init_attr) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // Every QP of this library is an `ibv_qp_ex` (its first field is the `ibv_qp`).
+    qp as *mut ibv_qp_ex
+}
+
+/// The wrapper and the batch of an `ibv_qp_ex`.
+///
+/// # Safety
+/// `qp` must be a live QP of this library.
+unsafe fn batch<'a>(qp: *mut ibv_qp_ex) -> (&'a SvQp, std::sync::MutexGuard<'a, Batch>) {
+    // SAFETY: `qp` is the first field of an `SvQp`.
+    let sv = unsafe { &*(qp as *const SvQp) };
+    (sv, sv.batch.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Starts a work request with the `wr_id` and `wr_flags` the caller set on the QP.
+///
+/// # Safety
+/// `qp` must be a live QP of this library.
+unsafe fn begin(qp: *mut ibv_qp_ex, op: SendOp) {
+    // SAFETY: forwarded.
+    let (sv, mut b) = unsafe { batch(qp) };
+    let wqe = SendWqe {
+        wr_id: sv.qpx.wr_id,
+        op,
+        flags: SendFlags::from_bits_retain(sv.qpx.wr_flags),
+        payload: Payload::Sges(Cow::Owned(Vec::new())),
+        ud: None,
+    };
+    b.wqes.push(wqe);
+}
+
+/// Applies `f` to the work request being built; records EINVAL if there is none.
+///
+/// # Safety
+/// `qp` must be a live QP of this library.
+unsafe fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut SendWqe<'static>)) {
+    // SAFETY: forwarded.
+    let (_, mut b) = unsafe { batch(qp) };
+    match b.wqes.last_mut() {
+        Some(w) => f(w),
+        None => {
+            b.error.get_or_insert(EINVAL);
+        }
+    }
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    // SAFETY: the caller's QP.
+    let (_, mut b) = unsafe { batch(qp) };
+    *b = Batch::default();
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    // SAFETY: the caller's QP.
+    let (_, mut b) = unsafe { batch(qp) };
+    *b = Batch::default();
+}
+
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    // SAFETY: the caller's QP.
+    let (sv, mut b) = unsafe { batch(qp) };
+    let batch = std::mem::take(&mut *b);
+    drop(b);
+    if let Some(e) = batch.error {
+        return e;
+    }
+    match sv.nic.post_send(batch.wqes) {
+        Ok(()) => 0,
+        Err(e) => e.error.errno(),
+    }
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, SendOp::Send) }
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, SendOp::SendWithImm { imm }) }
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, SendOp::RdmaWrite { remote_addr, rkey }) }
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr,
+        rkey,
+        imm,
+    };
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, op) }
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, SendOp::RdmaRead { remote_addr, rkey }) }
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    let op = SendOp::CmpSwap {
+        remote_addr,
+        rkey,
+        compare,
+        swap,
+    };
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, op) }
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    let op = SendOp::FetchAdd {
+        remote_addr,
+        rkey,
+        add,
+    };
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, op) }
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    let sge = Sge { addr, length, lkey };
+    // SAFETY: the caller's QP.
+    unsafe { last(qp, |w| w.payload = Payload::Sges(Cow::Owned(vec![sge]))) }
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
+    let Ok(n) = c_int::try_from(n) else {
+        // SAFETY: the caller's QP.
+        return unsafe { last(qp, |_| {}) };
+    };
+    // SAFETY: the caller's list of `n` SGEs.
+    match unsafe { sges(list, n) } {
+        // SAFETY: the caller's QP.
+        Ok(s) => unsafe { last(qp, |w| w.payload = Payload::Sges(Cow::Owned(s))) },
+        Err(_) => {
+            // SAFETY: the caller's QP.
+            let (_, mut b) = unsafe { batch(qp) };
+            b.error.get_or_insert(EINVAL);
+        }
+    }
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    let bytes = if length == 0 || addr.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: inline data is copied now, from the caller's readable buffer.
+        unsafe { std::slice::from_raw_parts(addr as *const u8, length) }.to_vec()
+    };
+    // SAFETY: the caller's QP.
+    unsafe { last(qp, |w| w.payload = Payload::Inline(Cow::Owned(bytes))) }
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    n: usize,
+    list: *const ibv_data_buf,
+) {
+    let mut bytes = Vec::new();
+    if n > 0 && !list.is_null() {
+        // SAFETY: the caller's list of `n` buffers.
+        for b in unsafe { std::slice::from_raw_parts(list, n) } {
+            if b.length > 0 && !b.addr.is_null() {
+                // SAFETY: each buffer is readable for its length during the call.
+                bytes.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(b.addr as *const u8, b.length)
+                });
+            }
+        }
+    }
+    // SAFETY: the caller's QP.
+    unsafe { last(qp, |w| w.payload = Payload::Inline(Cow::Owned(bytes))) }
+}
+
+unsafe extern "C" fn wr_set_ud_addr(
+    qp: *mut ibv_qp_ex,
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    if ah.is_null() {
+        // SAFETY: the caller's QP.
+        let (_, mut b) = unsafe { batch(qp) };
+        b.error.get_or_insert(EINVAL);
+        return;
+    }
+    // SAFETY: an address handle of ours.
+    let ah = unsafe { &*(ah as *const SvAh) }.nic.clone();
+    let dest = UdDest {
+        ah,
+        remote_qpn,
+        remote_qkey,
+    };
+    // SAFETY: the caller's QP.
+    unsafe { last(qp, |w| w.ud = Some(dest)) }
+}
