@@ -76,10 +76,10 @@ pub struct verbs_context {
     pub query_port: Option<QueryPort>,
     /// `advise_mr` … `create_wq`.
     pub _ex0: [Slot; 23],
-    pub query_rt_values: Slot,
-    pub create_cq_ex: Slot,
+    pub query_rt_values: Option<QueryRtValues>,
+    pub create_cq_ex: Option<CreateCqEx>,
     pub priv_: *mut c_void,
-    pub query_device_ex: Slot,
+    pub query_device_ex: Option<QueryDeviceEx>,
     /// `ibv_destroy_flow` … `open_qp`.
     pub _ex1: [Slot; 5],
     pub create_qp_ex: Option<CreateQpEx>,
@@ -489,3 +489,124 @@ pub struct ibv_qp_ex {
     pub wr_abort: Option<unsafe extern "C" fn(Qx)>,
     pub wr_atomic_write: Slot,
 }
+
+type Cx = *mut ibv_cq_ex;
+
+/// `struct ibv_poll_cq_attr`.
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_cq_ex`: the CQ plus the extended polling API's entry points.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(Cx, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(Cx) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(Cx)>,
+    pub read_opcode: Option<unsafe extern "C" fn(Cx) -> c_int>,
+    pub read_vendor_err: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_byte_len: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_imm_data: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_qp_num: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_src_qp: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_wc_flags: Option<unsafe extern "C" fn(Cx) -> c_uint>,
+    pub read_slid: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_sl: Option<unsafe extern "C" fn(Cx) -> u8>,
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(Cx) -> u8>,
+    pub read_completion_ts: Option<unsafe extern "C" fn(Cx) -> u64>,
+    pub read_cvlan: Slot,
+    pub read_flow_tag: Slot,
+    pub read_tm_info: Slot,
+    pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(Cx) -> u64>,
+}
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+/// `struct ibv_odp_caps`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+/// `struct ibv_device_attr_ex`, up to `device_cap_flags_ex`; the rest is left zero.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    pub odp_caps: ibv_odp_caps,
+    pub completion_timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+    /// `tso_caps` … `phys_port_cnt_ex`.
+    pub _rest: [u64; 14],
+}
+
+/// `struct ibv_query_device_ex_input`.
+#[repr(C)]
+pub struct ibv_query_device_ex_input {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_values_ex`.
+#[repr(C)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
+}
+
+/// `struct ibv_async_event`: the element union is one pointer (or `int port_num`).
+#[repr(C)]
+pub struct ibv_async_event {
+    pub element: *mut c_void,
+    pub event_type: c_int,
+}
+
+/// `struct ibv_gid_entry`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_gid_entry {
+    pub gid: ibv_gid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+pub type CreateCqEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+pub type QueryDeviceEx = unsafe extern "C" fn(
+    *mut ibv_context,
+    *const ibv_query_device_ex_input,
+    *mut ibv_device_attr_ex,
+    usize,
+) -> c_int;
+pub type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;

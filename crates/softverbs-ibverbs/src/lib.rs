@@ -7,8 +7,12 @@
 //! - [`abi`] mirrors the header's structs; each object this library hands out is a
 //!   `#[repr(C)]` wrapper whose first field is the C struct, so a C pointer converts back.
 //! - The data path (`post_send`, `post_recv`, `poll_cq`, `req_notify_cq`) is reached through
-//!   `ibv_context::ops`, and `ibv_query_port` through `verbs_context`, as the header's static
-//!   inline functions expect.
+//!   `ibv_context::ops`, and `ibv_query_port`, `ibv_query_device_ex`, `ibv_query_rt_values_ex`,
+//!   `ibv_create_cq_ex` and `ibv_create_qp_ex` through `verbs_context`, as the header's static
+//!   inline functions expect. Every CQ is an `ibv_cq_ex` and every QP an `ibv_qp_ex`.
+//! - Completion channels and `async_fd` are the NIC's doorbell pipes reopened through
+//!   `/proc/self/fd` (a new open file description), so `O_NONBLOCK` set by the program
+//!   decides whether `ibv_get_cq_event` / `ibv_get_async_event` wait or fail with `EAGAIN`.
 //!
 //! Every `unsafe` block dereferences pointers that the C caller passed and the verbs API
 //! requires to be valid; each says so in its `// SAFETY:` line.

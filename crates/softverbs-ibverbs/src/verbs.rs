@@ -5,6 +5,7 @@ use crate::set_errno;
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use softverbs_nic::cq::{Channel, Cq, Cqe};
 use softverbs_nic::device::Device;
+use softverbs_nic::event::EventElement;
 use softverbs_nic::objects::{Context, Mr, Pd};
 use softverbs_nic::qp::{Qp, QpAttr, QpCap, QpInit};
 use softverbs_nic::types::{
@@ -14,8 +15,9 @@ use softverbs_nic::types::{
 use softverbs_nic::wr::{Payload, SendOp, SendWqe, UdDest};
 use softverbs_nic::{Error, Result};
 use std::borrow::Cow;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::null_mut;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -33,6 +35,65 @@ struct SvDevice {
 struct SvContext {
     vctx: verbs_context,
     nic: Arc<Context>,
+    /// The C objects of this context, so an async event names the pointer the program holds.
+    reg: Arc<Registry>,
+    /// `async_fd`: the event doorbell reopened as its own open file description (see
+    /// [`reopen_blocking`]); None if that failed and `async_fd` is the NIC's.
+    async_own_fd: Option<OwnedFd>,
+}
+
+/// The C objects of a context by NIC id (QP number, CQ id, SRQ id). Each object holds the
+/// registry too, so destroying it after its context was closed is still safe.
+#[derive(Default)]
+struct Registry {
+    qps: Mutex<HashMap<u32, usize>>,
+    cqs: Mutex<HashMap<u32, usize>>,
+    srqs: Mutex<HashMap<u32, usize>>,
+}
+
+impl Registry {
+    /// Records `obj` under `id` in `map` (or forgets `id` when `obj` is 0).
+    fn set(map: &Mutex<HashMap<u32, usize>>, id: u32, obj: usize) {
+        let mut m = map.lock().unwrap_or_else(|e| e.into_inner());
+        if obj == 0 {
+            m.remove(&id);
+        } else {
+            m.insert(id, obj);
+        }
+    }
+}
+
+/// Opens the pipe behind `fd` again through `/proc/self/fd`, which makes a new open file
+/// description: blocking, whatever the NIC set on its own, so that `fcntl(F_SETFL,
+/// O_NONBLOCK)` by the program says whether the `ibv_get_*_event` calls on it wait.
+fn reopen_blocking(fd: c_int) -> Option<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).ok()?;
+    // SAFETY: a NUL-terminated path; O_NONBLOCK so opening a pipe end cannot wait.
+    let raw = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: `raw` is a descriptor we just opened and own.
+    let own = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: fcntl on our descriptor.
+    let fl = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    // SAFETY: as above.
+    if fl < 0 || unsafe { libc::fcntl(raw, libc::F_SETFL, fl & !libc::O_NONBLOCK) } < 0 {
+        return None;
+    }
+    Some(own)
+}
+
+/// False if the program set `O_NONBLOCK` on `fd`.
+fn blocking(fd: c_int) -> bool {
+    // SAFETY: fcntl F_GETFL on a descriptor number; a bad one just fails.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl < 0 || fl & libc::O_NONBLOCK == 0
 }
 
 #[repr(C)]
@@ -62,12 +123,21 @@ impl Drop for SvMr {
 struct SvChannel {
     ch: ibv_comp_channel,
     nic: Arc<Channel>,
+    /// `ch.fd`: the doorbell reopened as its own open file description, so the program's
+    /// `O_NONBLOCK` on it is its own (None if reopening failed and `ch.fd` is the NIC's).
+    own_fd: Option<OwnedFd>,
 }
 
+/// Every CQ is an `ibv_cq_ex` (its first fields are those of `ibv_cq`), so the plain and the
+/// extended API both work on any CQ.
 #[repr(C)]
 struct SvCq {
-    cq: ibv_cq,
+    cqx: ibv_cq_ex,
+    /// The completion `start_poll`/`next_poll` took last, for the `read_*` entry points. The
+    /// caller owns the CQ between `start_poll` and `end_poll`, so no lock is needed.
+    cur: UnsafeCell<Cqe>,
     nic: Arc<Cq>,
+    reg: Arc<Registry>,
 }
 
 #[repr(C)]
@@ -80,6 +150,7 @@ struct SvAh {
 struct SvSrq {
     srq: ibv_srq,
     nic: Arc<softverbs_nic::rq::Srq>,
+    reg: Arc<Registry>,
 }
 
 #[repr(C)]
@@ -89,6 +160,15 @@ struct SvQp {
     /// Work requests built by the `ibv_wr_*` API between `wr_start` and `wr_complete`.
     batch: Mutex<Batch>,
     nic: Arc<Qp>,
+    reg: Arc<Registry>,
+}
+
+impl SvContext {
+    /// Whether `ibv_get_async_event` waits: unless the program set `O_NONBLOCK` on
+    /// `async_fd`.
+    fn async_blocking(&self) -> bool {
+        self.async_own_fd.is_none() || blocking(self.vctx.context.async_fd)
+    }
 }
 
 /// Built once and never changed, so each `ibv_device` keeps its address for the process's life.
@@ -253,14 +333,15 @@ pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv
         post_recv: Some(post_recv),
         _compat3: [None; 5],
     };
+    let async_own = reopen_blocking(nic.events().fd().as_raw_fd());
     let vctx = verbs_context {
         create_qp_ex: Some(create_qp_ex),
         query_port: Some(vctx_query_port),
         _ex0: [None; 23],
-        query_rt_values: None,
-        create_cq_ex: None,
+        query_rt_values: Some(query_rt_values),
+        create_cq_ex: Some(create_cq_ex),
         priv_: null_mut(),
-        query_device_ex: None,
+        query_device_ex: Some(query_device_ex),
         _ex1: [None; 5],
         _ex2: [None; 4],
         _ABI_placeholder3: 0,
@@ -269,13 +350,20 @@ pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv
             device,
             ops,
             cmd_fd: -1,
-            async_fd: nic.events().fd().as_raw_fd(),
+            async_fd: async_own
+                .as_ref()
+                .map_or(nic.events().fd().as_raw_fd(), |f| f.as_raw_fd()),
             num_comp_vectors: 1,
             mutex: Default::default(),
             abi_compat: VERBS_ABI_IS_EXTENDED,
         },
     };
-    let b = Box::into_raw(Box::new(SvContext { vctx, nic }));
+    let b = Box::into_raw(Box::new(SvContext {
+        vctx,
+        nic,
+        reg: Default::default(),
+        async_own_fd: async_own,
+    }));
     // SAFETY: `b` is a fresh, valid allocation.
     unsafe { &mut (*b).vctx.context }
 }
@@ -480,6 +568,152 @@ pub unsafe extern "C" fn sv_ibv_query_pkey(
     }
 }
 
+// ---- Extended queries (`verbs_context` slots and the `_ex` entry points) --------------------
+
+/// `IBV_VALUES_MASK_RAW_CLOCK`.
+const VALUES_MASK_RAW_CLOCK: u32 = 1;
+
+/// `verbs_context::query_device_ex`, reached by the header's inline `ibv_query_device_ex`:
+/// the classic attributes plus the device clock's `completion_timestamp_mask` and
+/// `hca_core_clock` (kHz); everything softverbs lacks (ODP, TSO, RSS, …) reads zero. Fills
+/// at most `attr_size` bytes, so programs built against older headers work.
+unsafe extern "C" fn query_device_ex(
+    ctx: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    if ctx.is_null() || attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
+        return EINVAL;
+    }
+    // SAFETY: the caller's input struct, or NULL.
+    if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+        return EINVAL;
+    }
+    let mut orig = ibv_device_attr::default();
+    // SAFETY: a context of ours and a writable local.
+    let r = unsafe { sv_ibv_query_device(ctx, &mut orig) };
+    if r != 0 {
+        return r;
+    }
+    // SAFETY: a context of ours.
+    let a = unsafe { ctx_of(ctx) }.nic.device().attr();
+    let out = ibv_device_attr_ex {
+        orig_attr: orig,
+        comp_mask: 0,
+        odp_caps: Default::default(),
+        completion_timestamp_mask: a.completion_timestamp_mask,
+        hca_core_clock: a.hca_core_clock,
+        device_cap_flags_ex: u64::from(a.device_cap_flags),
+        _rest: [0; 14],
+    };
+    let n = attr_size.min(size_of::<ibv_device_attr_ex>());
+    // SAFETY: the caller's struct has `attr_size` writable bytes; we copy at most that.
+    unsafe { std::ptr::copy_nonoverlapping(&out as *const _ as *const u8, attr as *mut u8, n) };
+    0
+}
+
+/// `verbs_context::query_rt_values`, reached by the header's inline `ibv_query_rt_values_ex`.
+/// `raw_clock` carries the device clock's raw value in `tv_nsec` (`tv_sec` 0), as mlx5 does,
+/// so it compares directly with `ibv_wc_read_completion_ts`.
+unsafe extern "C" fn query_rt_values(ctx: *mut ibv_context, values: *mut ibv_values_ex) -> c_int {
+    if ctx.is_null() || values.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: the caller's struct.
+    let v = unsafe { &mut *values };
+    if v.comp_mask & !VALUES_MASK_RAW_CLOCK != 0 {
+        return EINVAL;
+    }
+    if v.comp_mask & VALUES_MASK_RAW_CLOCK != 0 {
+        // SAFETY: a context of ours.
+        let raw = unsafe { ctx_of(ctx) }.nic.device().clock().now_raw();
+        v.raw_clock = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: raw as libc::c_long,
+        };
+    }
+    0
+}
+
+/// One GID table entry.
+fn gid_entry(ctx: &SvContext, port: u32, index: u32) -> Result<ibv_gid_entry> {
+    let dev = ctx.nic.device();
+    let port = u8::try_from(port).map_err(|_| Error::InvalidArgument("port".into()))?;
+    let g = dev.gid(port, index)?;
+    // IBV_GID_TYPE_ROCE_V2 for RoCE, IBV_GID_TYPE_IB for InfiniBand.
+    let gid_type = if dev.config().link_layer == LinkLayer::Ethernet {
+        2
+    } else {
+        0
+    };
+    Ok(ibv_gid_entry {
+        gid: ibv_gid(g.0),
+        gid_index: index,
+        port_num: u32::from(port),
+        gid_type,
+        ndev_ifindex: 0,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv__ibv_query_gid_ex(
+    ctx: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if ctx.is_null() || entry.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+        return EINVAL;
+    }
+    // SAFETY: a context of ours.
+    match gid_entry(unsafe { ctx_of(ctx) }, port_num, gid_index) {
+        Ok(e) => {
+            // SAFETY: the caller's writable entry.
+            unsafe { entry.write(e) };
+            0
+        }
+        Err(e) => e.errno(),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv__ibv_query_gid_table(
+    ctx: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    if ctx.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+        return -(EINVAL as isize);
+    }
+    // SAFETY: a context of ours.
+    let sv = unsafe { ctx_of(ctx) };
+    let ports = sv.nic.device().attr().phys_port_cnt;
+    let mut n = 0usize;
+    for port in 1..=ports {
+        let len = match sv.nic.device().port_attr(port) {
+            Ok(p) => p.gid_tbl_len.max(0) as u32,
+            Err(e) => return -(e.errno() as isize),
+        };
+        for index in 0..len {
+            let Ok(e) = gid_entry(sv, u32::from(port), index) else {
+                continue;
+            };
+            if n == max_entries || entries.is_null() {
+                return -(EINVAL as isize);
+            }
+            // SAFETY: the caller's array has `max_entries` entries of `entry_size` bytes.
+            unsafe { ((entries as *mut u8).add(n * entry_size) as *mut ibv_gid_entry).write(e) };
+            n += 1;
+        }
+    }
+    n as isize
+}
+
 // ---- Fork support: nothing to do (MRs are plain memory) -------------------------------------
 
 #[unsafe(no_mangle)]
@@ -634,12 +868,17 @@ pub unsafe extern "C" fn sv_ibv_create_comp_channel(
     }
     match Channel::new() {
         Ok(nic) => {
+            let own = reopen_blocking(nic.fd().as_raw_fd());
             let ch = ibv_comp_channel {
                 context: ctx,
-                fd: nic.fd().as_raw_fd(),
+                fd: own.as_ref().map_or(nic.fd().as_raw_fd(), |f| f.as_raw_fd()),
                 refcnt: 0,
             };
-            Box::into_raw(Box::new(SvChannel { ch, nic })) as *mut ibv_comp_channel
+            Box::into_raw(Box::new(SvChannel {
+                ch,
+                nic,
+                own_fd: own,
+            })) as *mut ibv_comp_channel
         }
         Err(e) => null(e),
     }
@@ -659,14 +898,25 @@ pub unsafe extern "C" fn sv_ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) 
     0
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn sv_ibv_create_cq(
+/// `IBV_WC_EX_WITH_BYTE_LEN` … `IBV_WC_EX_WITH_DLID_PATH_BITS`, `..._COMPLETION_TIMESTAMP` and
+/// `..._COMPLETION_TIMESTAMP_WALLCLOCK`: what a softverbs CQE carries.
+const WC_EX_SUPPORTED: u64 = 0x7f | (1 << 7) | (1 << 11);
+/// `IBV_CQ_INIT_ATTR_MASK_FLAGS` and `IBV_CQ_INIT_ATTR_MASK_PD`.
+const CQ_INIT_FLAGS: u32 = 1;
+const CQ_INIT_PD: u32 = 1 << 1;
+/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`: a hint; every CQ here is safe either way.
+const CQ_ATTR_SINGLE_THREADED: u32 = 1;
+
+/// Creates a CQ (plain or extended) and records it for events.
+///
+/// # Safety
+/// `ctx` must be a context of ours and `channel` NULL or a channel of ours.
+unsafe fn create_cq(
     ctx: *mut ibv_context,
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
-) -> *mut ibv_cq {
+) -> *mut SvCq {
     if ctx.is_null() || cqe < 1 {
         return inval();
     }
@@ -677,11 +927,12 @@ pub unsafe extern "C" fn sv_ibv_create_cq(
         Some(unsafe { &*(channel as *const SvChannel) }.nic.clone())
     };
     // SAFETY: a context of ours.
-    let nic = match unsafe { ctx_of(ctx) }.nic.create_cq(cqe as u32, nic_ch) {
+    let sv_ctx = unsafe { ctx_of(ctx) };
+    let nic = match sv_ctx.nic.create_cq(cqe as u32, nic_ch) {
         Ok(c) => c,
         Err(e) => return null(e),
     };
-    let cq = ibv_cq {
+    let cqx = ibv_cq_ex {
         context: ctx,
         channel,
         cq_context,
@@ -691,18 +942,208 @@ pub unsafe extern "C" fn sv_ibv_create_cq(
         cond: Default::default(),
         comp_events_completed: 0,
         async_events_completed: 0,
+        comp_mask: 0,
+        status: 0,
+        wr_id: 0,
+        start_poll: Some(cqx_start_poll),
+        next_poll: Some(cqx_next_poll),
+        end_poll: Some(cqx_end_poll),
+        read_opcode: Some(cqx_read_opcode),
+        read_vendor_err: Some(cqx_read_vendor_err),
+        read_byte_len: Some(cqx_read_byte_len),
+        read_imm_data: Some(cqx_read_imm_data),
+        read_qp_num: Some(cqx_read_qp_num),
+        read_src_qp: Some(cqx_read_src_qp),
+        read_wc_flags: Some(cqx_read_wc_flags),
+        read_slid: Some(cqx_read_slid),
+        read_sl: Some(cqx_read_sl),
+        read_dlid_path_bits: Some(cqx_read_dlid_path_bits),
+        read_completion_ts: Some(cqx_read_completion_ts),
+        read_cvlan: None,
+        read_flow_tag: None,
+        read_tm_info: None,
+        read_completion_wallclock_ns: Some(cqx_read_completion_wallclock_ns),
     };
     let key = Arc::as_ptr(&nic) as usize;
-    let b = Box::into_raw(Box::new(SvCq { cq, nic }));
+    let id = nic.id();
+    let b = Box::into_raw(Box::new(SvCq {
+        cqx,
+        cur: UnsafeCell::new(Cqe::default()),
+        nic,
+        reg: sv_ctx.reg.clone(),
+    }));
     cq_map()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, b as usize);
+    Registry::set(&sv_ctx.reg.cqs, id, b as usize);
     if !channel.is_null() {
         // SAFETY: a channel of ours.
         unsafe { (*channel).refcnt += 1 };
     }
-    b as *mut ibv_cq
+    b
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    // SAFETY: forwarded caller arguments.
+    unsafe { create_cq(ctx, cqe, cq_context, channel) as *mut ibv_cq }
+}
+
+/// `verbs_context::create_cq_ex`, reached by the header's inline `ibv_create_cq_ex`.
+unsafe extern "C" fn create_cq_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    if ctx.is_null() || attr.is_null() {
+        return inval();
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &*attr };
+    if a.comp_mask & !(CQ_INIT_FLAGS | CQ_INIT_PD) != 0 {
+        return inval();
+    }
+    if a.wc_flags & !WC_EX_SUPPORTED != 0
+        || (a.comp_mask & CQ_INIT_FLAGS != 0 && a.flags & !CQ_ATTR_SINGLE_THREADED != 0)
+        || (a.comp_mask & CQ_INIT_PD != 0 && !a.parent_domain.is_null())
+    {
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    let Ok(cqe) = c_int::try_from(a.cqe) else {
+        return inval();
+    };
+    // SAFETY: a context of ours; the channel is the caller's (NULL or ours).
+    unsafe { create_cq(ctx, cqe, a.cq_context, a.channel) as *mut ibv_cq_ex }
+}
+
+/// Takes the next completion into the CQ's cursor and its `status` / `wr_id` fields.
+///
+/// # Safety
+/// `cq` must be a CQ of ours, polled by this thread between `start_poll` and `end_poll`.
+unsafe fn cqx_take(cq: *mut ibv_cq_ex) -> c_int {
+    let sv = cq as *mut SvCq;
+    let mut got = None;
+    // SAFETY: a CQ of ours; only `nic` is borrowed shared.
+    unsafe { &(*sv).nic }.poll_with(1, |c| got = Some(c));
+    let Some(c) = got else {
+        return libc::ENOENT;
+    };
+    // SAFETY: the caller owns the polling cursor and the `status`/`wr_id` fields now.
+    unsafe {
+        *(*sv).cur.get() = c;
+        (*cq).status = c_int::from(c.status);
+        (*cq).wr_id = c.wr_id;
+    }
+    0
+}
+
+/// The completion the cursor holds.
+///
+/// # Safety
+/// `cq` must be a CQ of ours inside a `start_poll` … `end_poll` section.
+unsafe fn cqx_cur(cq: *mut ibv_cq_ex) -> Cqe {
+    // SAFETY: as documented.
+    unsafe { *(*(cq as *const SvCq)).cur.get() }
+}
+
+unsafe extern "C" fn cqx_start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: the caller's attribute struct (NULL tolerated).
+    if cq.is_null() || (!attr.is_null() && unsafe { (*attr).comp_mask } != 0) {
+        return EINVAL;
+    }
+    // SAFETY: a CQ of ours.
+    unsafe { cqx_take(cq) }
+}
+
+unsafe extern "C" fn cqx_next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: a CQ of ours inside a polling section.
+    unsafe { cqx_take(cq) }
+}
+
+unsafe extern "C" fn cqx_end_poll(_cq: *mut ibv_cq_ex) {}
+
+unsafe extern "C" fn cqx_read_opcode(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: a CQ of ours inside a polling section.
+    c_int::from(unsafe { cqx_cur(cq) }.opcode)
+}
+
+unsafe extern "C" fn cqx_read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a CQ of ours inside a polling section.
+    unsafe { cqx_cur(cq) }.vendor_err
+}
+
+unsafe extern "C" fn cqx_read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a CQ of ours inside a polling section.
+    unsafe { cqx_cur(cq) }.byte_len
+}
+
+unsafe extern "C" fn cqx_read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a CQ of ours inside a polling section.
+    unsafe { cqx_cur(cq) }.imm_data
+}
+
+unsafe extern "C" fn cqx_read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a CQ of ours inside a polling section.
+    unsafe { cqx_cur(cq) }.qp_num
+}
+
+unsafe extern "C" fn cqx_read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a CQ of ours inside a polling section.
+    unsafe { cqx_cur(cq) }.src_qp
+}
+
+unsafe extern "C" fn cqx_read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
+    // SAFETY: a CQ of ours inside a polling section.
+    c_uint::from(unsafe { cqx_cur(cq) }.wc_flags)
+}
+
+unsafe extern "C" fn cqx_read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a CQ of ours inside a polling section.
+    u32::from(unsafe { cqx_cur(cq) }.slid)
+}
+
+unsafe extern "C" fn cqx_read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: a CQ of ours inside a polling section.
+    unsafe { cqx_cur(cq) }.sl
+}
+
+unsafe extern "C" fn cqx_read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: a CQ of ours inside a polling section.
+    unsafe { cqx_cur(cq) }.dlid_path_bits
+}
+
+unsafe extern "C" fn cqx_read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: a CQ of ours inside a polling section.
+    unsafe { cqx_cur(cq) }.timestamp
+}
+
+/// Nanoseconds of `clock_id` now.
+fn clock_ns(clock_id: libc::clockid_t) -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a writable timespec.
+    unsafe { libc::clock_gettime(clock_id, &mut t) };
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}
+
+/// The completion's time in `CLOCK_REALTIME` nanoseconds: now, minus how long ago the device
+/// clock (monotonic nanoseconds, masked) stamped it.
+unsafe extern "C" fn cqx_read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: a CQ of ours inside a polling section.
+    let (ts, clock) = unsafe { (cqx_cur(cq).timestamp, *(*(cq as *const SvCq)).nic.clock()) };
+    let age = clock.delta(ts, clock.now_raw());
+    clock_ns(libc::CLOCK_REALTIME).saturating_sub(age)
 }
 
 #[unsafe(no_mangle)]
@@ -710,15 +1151,16 @@ pub unsafe extern "C" fn sv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     if cq.is_null() {
         return EINVAL;
     }
-    // SAFETY: `cq` came from `sv_ibv_create_cq` (Box::into_raw of an SvCq).
+    // SAFETY: `cq` came from `create_cq` (Box::into_raw of an SvCq).
     let b = unsafe { Box::from_raw(cq as *mut SvCq) };
+    Registry::set(&b.reg.cqs, b.nic.id(), 0);
     cq_map()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&(Arc::as_ptr(&b.nic) as usize));
-    if !b.cq.channel.is_null() {
+    if !b.cqx.channel.is_null() {
         // SAFETY: the CQ's channel outlives it (destroying it first fails with EBUSY).
-        unsafe { (*b.cq.channel).refcnt -= 1 };
+        unsafe { (*b.cqx.channel).refcnt -= 1 };
     }
     0
 }
@@ -735,9 +1177,9 @@ pub unsafe extern "C" fn sv_ibv_get_cq_event(
     }
     // SAFETY: a channel of ours.
     let sv = unsafe { &*(ch as *const SvChannel) };
-    // Always waits: the NIC's doorbell pipe is non-blocking by construction, so a caller
-    // that sets O_NONBLOCK on the channel fd cannot be told apart (known gap).
-    let nic_cq = match sv.nic.get_event(true) {
+    // Waits unless the program made the channel's descriptor non-blocking.
+    let wait = sv.own_fd.is_none() || blocking(sv.ch.fd);
+    let nic_cq = match sv.nic.get_event(wait) {
         Ok(c) => c,
         Err(e) => {
             set_errno(e.errno());
@@ -766,7 +1208,7 @@ pub unsafe extern "C" fn sv_ibv_ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
     // SAFETY: a CQ of ours.
     let sv = unsafe { &mut *(cq as *mut SvCq) };
     sv.nic.ack_events(n);
-    sv.cq.comp_events_completed = sv.cq.comp_events_completed.wrapping_add(n);
+    sv.cqx.comp_events_completed = sv.cqx.comp_events_completed.wrapping_add(n);
 }
 
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
@@ -873,11 +1315,17 @@ pub unsafe extern "C" fn sv_ibv_create_qp(
         cond: Default::default(),
         events_completed: 0,
     };
-    Box::into_raw(Box::new(SvQp {
+    let qpn = nic.qpn();
+    // SAFETY: a PD of ours, whose context is open.
+    let reg = unsafe { ctx_of((*pd).context) }.reg.clone();
+    let b = Box::into_raw(Box::new(SvQp {
         qpx: qp_ex(qp),
         batch: Mutex::new(Batch::default()),
         nic,
-    })) as *mut ibv_qp
+        reg: reg.clone(),
+    }));
+    Registry::set(&reg.qps, qpn, b as usize);
+    b as *mut ibv_qp
 }
 
 fn cap_out(c: QpCap) -> ibv_qp_cap {
@@ -896,7 +1344,8 @@ pub unsafe extern "C" fn sv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         return EINVAL;
     }
     // SAFETY: `qp` came from `sv_ibv_create_qp` (Box::into_raw of an SvQp).
-    drop(unsafe { Box::from_raw(qp as *mut SvQp) });
+    let b = unsafe { Box::from_raw(qp as *mut SvQp) };
+    Registry::set(&b.reg.qps, b.nic.qpn(), 0);
     0
 }
 
@@ -1327,7 +1776,16 @@ pub unsafe extern "C" fn sv_ibv_create_srq(
                 cond: Default::default(),
                 events_completed: 0,
             };
-            Box::into_raw(Box::new(SvSrq { srq, nic })) as *mut ibv_srq
+            let id = nic.id();
+            // SAFETY: a PD of ours, whose context is open.
+            let reg = unsafe { ctx_of((*pd).context) }.reg.clone();
+            let b = Box::into_raw(Box::new(SvSrq {
+                srq,
+                nic,
+                reg: reg.clone(),
+            }));
+            Registry::set(&reg.srqs, id, b as usize);
+            b as *mut ibv_srq
         }
         Err(e) => null(e),
     }
@@ -1357,8 +1815,93 @@ pub unsafe extern "C" fn sv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         return EINVAL;
     }
     // SAFETY: `srq` came from `sv_ibv_create_srq` (Box::into_raw of an SvSrq).
-    drop(unsafe { Box::from_raw(srq as *mut SvSrq) });
+    let b = unsafe { Box::from_raw(srq as *mut SvSrq) };
+    Registry::set(&b.reg.srqs, b.nic.id(), 0);
     0
+}
+
+// ---- Async events --------------------------------------------------------------------------
+
+/// The C object registered under `id`, if it still exists.
+fn lookup(map: &Mutex<HashMap<u32, usize>>, id: u32) -> Option<usize> {
+    map.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .copied()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_get_async_event(
+    ctx: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    if ctx.is_null() || event.is_null() {
+        set_errno(EINVAL);
+        return -1;
+    }
+    // SAFETY: a context of ours.
+    let sv = unsafe { ctx_of(ctx) };
+    let blocking = sv.async_blocking();
+    loop {
+        let ev = match sv.nic.events().pop(blocking) {
+            Ok(ev) => ev,
+            Err(e) => {
+                set_errno(e.errno());
+                return -1;
+            }
+        };
+        let element = match ev.element {
+            EventElement::Qp(n) => lookup(&sv.reg.qps, n),
+            EventElement::Cq(n) => lookup(&sv.reg.cqs, n),
+            EventElement::Srq(n) => lookup(&sv.reg.srqs, n),
+            // The union's `int port_num`: the low bytes of the pointer-sized slot.
+            EventElement::Port(p) => Some(usize::from(p)),
+            EventElement::Device => Some(0),
+        };
+        // An event about an object the program already destroyed has no one to go to.
+        let Some(element) = element else { continue };
+        // SAFETY: the caller's writable event.
+        unsafe {
+            event.write(ibv_async_event {
+                element: element as *mut c_void,
+                event_type: ev.kind as c_int,
+            })
+        };
+        return 0;
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_ack_async_event(event: *mut ibv_async_event) {
+    if event.is_null() {
+        return;
+    }
+    // SAFETY: an event `ibv_get_async_event` filled; its object is live until acknowledged.
+    let (el, ty) = unsafe { ((*event).element, (*event).event_type) };
+    if el.is_null() {
+        return;
+    }
+    // SAFETY: the element is the C object the event type names.
+    unsafe {
+        match ty {
+            // IBV_EVENT_CQ_ERR
+            0 => {
+                let cq = el as *mut ibv_cq;
+                (*cq).async_events_completed = (*cq).async_events_completed.wrapping_add(1);
+            }
+            // QP events: FATAL … PATH_MIG_ERR, QP_LAST_WQE_REACHED.
+            1..=7 | 16 => {
+                let qp = el as *mut ibv_qp;
+                (*qp).events_completed = (*qp).events_completed.wrapping_add(1);
+            }
+            // IBV_EVENT_SRQ_ERR, IBV_EVENT_SRQ_LIMIT_REACHED
+            14 | 15 => {
+                let srq = el as *mut ibv_srq;
+                (*srq).events_completed = (*srq).events_completed.wrapping_add(1);
+            }
+            _ => {}
+        }
+    }
 }
 
 // ---- Strings -------------------------------------------------------------------------------

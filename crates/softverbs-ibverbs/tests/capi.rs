@@ -1,8 +1,12 @@
 //! A C program compiled against Debian's `<infiniband/verbs.h>` and linked to the system's
 //! `libibverbs.so.1`, then run with the softverbs drop-in found first: device and port
-//! queries (including the header's static-inline `ibv_query_port`/`ibv_query_device_ex`),
-//! RC traffic with SEND, WRITE, READ and both atomics between two QPs, and bad input (bad
-//! access flags → NULL with EINVAL; a wrong QP transition → EINVAL).
+//! queries (including the header's static-inline `ibv_query_port`, `ibv_query_device_ex` with
+//! the completion clock, `ibv_query_rt_values_ex`, `ibv_query_gid_ex`/`ibv_query_gid_table`),
+//! RC traffic with SEND, WRITE, READ and both atomics between two QPs, a CQ made with
+//! `ibv_create_cq_ex` and polled with `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the
+//! `ibv_wc_read_*` readers (its creation errors too), completion events with `O_NONBLOCK` on
+//! the channel fd, async events (a responder's QP_ACCESS_ERR, an SRQ limit), and bad input
+//! (bad access flags → NULL with EINVAL; a wrong QP transition → EINVAL).
 //!
 //! Needs `cc` and `libibverbs-dev`; without them the test is skipped with a message, except
 //! under `CI=true`, where it fails.

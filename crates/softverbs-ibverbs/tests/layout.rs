@@ -114,6 +114,31 @@ fn checks() -> Checks {
         }
         ibv_srq_attr { max_wr, max_sge, srq_limit }
         ibv_srq_init_attr { srq_context, attr }
+        ibv_poll_cq_attr { comp_mask }
+        ibv_cq_ex {
+            context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
+            async_events_completed, comp_mask, status, wr_id, start_poll, next_poll, end_poll,
+            read_opcode, read_vendor_err, read_byte_len, read_imm_data, read_qp_num,
+            read_src_qp, read_wc_flags, read_slid, read_sl, read_dlid_path_bits,
+            read_completion_ts, read_cvlan, read_flow_tag, read_tm_info,
+            read_completion_wallclock_ns
+        }
+        ibv_cq_init_attr_ex {
+            cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain
+        }
+        ibv_odp_caps {
+            general_caps, rc_odp_caps = "per_transport_caps.rc_odp_caps",
+            uc_odp_caps = "per_transport_caps.uc_odp_caps",
+            ud_odp_caps = "per_transport_caps.ud_odp_caps"
+        }
+        ibv_device_attr_ex {
+            orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock,
+            device_cap_flags_ex, _rest = "tso_caps"
+        }
+        ibv_query_device_ex_input { comp_mask }
+        ibv_values_ex { comp_mask, raw_clock }
+        ibv_async_event { element, event_type }
+        ibv_gid_entry { gid, gid_index, port_num, gid_type, ndev_ifindex }
     );
     c.sizes
         .push(("sizeof(union ibv_gid)".into(), size_of::<ibv_gid>()));

@@ -2,11 +2,14 @@
  * then run with the softverbs drop-in found first. Prints "ok" and exits 0 on success. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: CHECK(%s) failed (errno %d)\n", __FILE__, __LINE__, #c, errno); exit(1); } } while (0)
 
@@ -67,6 +70,236 @@ static void post(struct ibv_qp *qp, struct ibv_send_wr *wr) {
     CHECK(ibv_post_send(qp, wr, &bad) == 0);
 }
 
+/* A CQ made with ibv_create_cq_ex, polled with ibv_start_poll/ibv_next_poll/ibv_end_poll
+ * after RC traffic, and its creation errors. */
+static void cq_ex_section(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_mr *ma,
+                          struct ibv_mr *mb, union ibv_gid *gid) {
+    struct ibv_cq_init_attr_ex ca = {0};
+    ca.cqe = 32;
+    ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+                  IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_SLID |
+                  IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+                  IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    /* Unknown comp_mask bits: EINVAL; completion fields the device cannot give: EOPNOTSUPP. */
+    ca.comp_mask = 1u << 7;
+    errno = 0;
+    CHECK(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EINVAL);
+    ca.comp_mask = 0;
+    ca.wc_flags |= IBV_WC_EX_WITH_FLOW_TAG;
+    errno = 0;
+    CHECK(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EOPNOTSUPP);
+    ca.wc_flags &= ~(uint64_t)IBV_WC_EX_WITH_FLOW_TAG;
+    struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+    CHECK(ch);
+    ca.channel = ch;
+    ca.cq_context = &ca;
+    ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+    ca.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+    struct ibv_cq_ex *cx = ibv_create_cq_ex(ctx, &ca);
+    CHECK(cx);
+    cq = ibv_cq_ex_to_cq(cx);
+    CHECK(cq->cqe >= 32);
+
+    /* Empty: ENOENT, and end_poll must not be called. */
+    struct ibv_poll_cq_attr pa = {0};
+    CHECK(ibv_start_poll(cx, &pa) == ENOENT);
+
+    struct ibv_qp_init_attr ia = {0};
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 16;
+    ia.cap.max_recv_wr = 16;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    struct ibv_qp *qa = ibv_create_qp(pd, &ia), *qb = ibv_create_qp(pd, &ia);
+    CHECK(qa && qb);
+    to_rts(qa, qb->qp_num, gid);
+    to_rts(qb, qa->qp_num, gid);
+
+    char *a = ma->addr, *b = mb->addr;
+    struct ibv_sge rsge = {(uintptr_t)b, 64, mb->lkey};
+    struct ibv_recv_wr rwr = {.wr_id = 200, .sg_list = &rsge, .num_sge = 1}, *rbad;
+    CHECK(ibv_post_recv(qb, &rwr, &rbad) == 0);
+    strcpy(a, "extended cq");
+    struct ibv_sge sge = {(uintptr_t)a, 12, ma->lkey};
+    struct ibv_send_wr wr = {0};
+    wr.wr_id = 11;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND_WITH_IMM;
+    wr.imm_data = htonl(0xabcd);
+    post(qa, &wr);
+    memset(&wr, 0, sizeof wr);
+    wr.wr_id = 12;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.wr.rdma.remote_addr = (uintptr_t)(b + 1024);
+    wr.wr.rdma.rkey = mb->rkey;
+    post(qa, &wr);
+
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t wall_before = (uint64_t)now.tv_sec * 1000000000ull + now.tv_nsec;
+    /* Wait until all three completions are queued, then take them in one polling section. */
+    int seen = 0, got_send = 0, got_recv = 0, got_write = 0;
+    uint64_t first_ts = 0;
+    for (long spins = 0; seen < 3; spins++) {
+        CHECK(spins < 100000000L);
+        int r = ibv_start_poll(cx, &pa);
+        if (r == ENOENT) continue;
+        CHECK(r == 0);
+        do {
+            CHECK(cx->status == IBV_WC_SUCCESS);
+            uint64_t ts = ibv_wc_read_completion_ts(cx);
+            if (!first_ts) first_ts = ts;
+            uint64_t wall = ibv_wc_read_completion_wallclock_ns(cx);
+            /* Within a minute of now (and never in the future by more than a second). */
+            CHECK(wall + 60000000000ull > wall_before && wall < wall_before + 1000000000ull);
+            CHECK(ibv_wc_read_vendor_err(cx) == 0);
+            switch (cx->wr_id) {
+            case 11:
+                CHECK(ibv_wc_read_opcode(cx) == IBV_WC_SEND);
+                CHECK(ibv_wc_read_qp_num(cx) == qa->qp_num);
+                got_send = 1;
+                break;
+            case 12:
+                CHECK(ibv_wc_read_opcode(cx) == IBV_WC_RDMA_WRITE);
+                got_write = 1;
+                break;
+            case 200:
+                CHECK(ibv_wc_read_opcode(cx) == IBV_WC_RECV);
+                CHECK(ibv_wc_read_byte_len(cx) == 12);
+                CHECK(ibv_wc_read_wc_flags(cx) & IBV_WC_WITH_IMM);
+                CHECK(ntohl(ibv_wc_read_imm_data(cx)) == 0xabcd);
+                CHECK(ibv_wc_read_qp_num(cx) == qb->qp_num);
+                CHECK(ibv_wc_read_src_qp(cx) == qa->qp_num);
+                (void)ibv_wc_read_slid(cx);
+                (void)ibv_wc_read_sl(cx);
+                got_recv = 1;
+                break;
+            default:
+                CHECK(!"unexpected wr_id");
+            }
+            seen++;
+        } while ((r = ibv_next_poll(cx)) == 0);
+        CHECK(r == ENOENT);
+        ibv_end_poll(cx);
+    }
+    CHECK(got_send && got_recv && got_write && first_ts != 0);
+    CHECK(strcmp(b, "extended cq") == 0 && strcmp(b + 1024, "extended cq") == 0);
+
+    /* Completion events on the extended CQ's channel; O_NONBLOCK on channel->fd is honoured. */
+    int fl = fcntl(ch->fd, F_GETFL);
+    CHECK(fl >= 0 && fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) == 0);
+    struct ibv_cq *ev_cq;
+    void *ev_ctx;
+    errno = 0;
+    CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1 && errno == EAGAIN);
+    CHECK(ibv_req_notify_cq(cq, 0) == 0);
+    wr.wr_id = 14;
+    post(qa, &wr);
+    struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
+    CHECK(poll(&pfd, 1, 10000) == 1);
+    CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == cq && ev_ctx == &ca);
+    ibv_ack_cq_events(ev_cq, 1);
+    /* Blocking again: the call waits for the event. */
+    CHECK(fcntl(ch->fd, F_SETFL, fl) == 0);
+    CHECK(ibv_start_poll(cx, &pa) == 0 && cx->wr_id == 14 && cx->status == IBV_WC_SUCCESS);
+    CHECK(ibv_next_poll(cx) == ENOENT);
+    ibv_end_poll(cx);
+    CHECK(ibv_req_notify_cq(cq, 0) == 0);
+    wr.wr_id = 15;
+    post(qa, &wr);
+    CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == cq);
+    ibv_ack_cq_events(ev_cq, 1);
+    CHECK(cq->comp_events_completed == 2);
+    struct ibv_wc wc;
+    for (long spins = 0; ibv_poll_cq(cq, 1, &wc) == 0; spins++) CHECK(spins < 100000000L);
+    CHECK(wc.wr_id == 15 && wc.status == IBV_WC_SUCCESS);
+
+    /* The same CQ through the plain API: an error completion via ibv_poll_cq. */
+    wr.wr_id = 13;
+    wr.wr.rdma.rkey = mb->rkey + 777;
+    post(qa, &wr);
+    for (long spins = 0; ibv_poll_cq(cq, 1, &wc) == 0; spins++) CHECK(spins < 100000000L);
+    CHECK(wc.wr_id == 13 && wc.status == IBV_WC_REM_ACCESS_ERR);
+    /* ... and the responder learns of it as an async event on its QP. The first bad-rkey
+     * test's event named a QP destroyed since, so this is the first one delivered. */
+    struct ibv_async_event ev;
+    CHECK(ibv_get_async_event(ctx, &ev) == 0);
+    CHECK(ev.event_type == IBV_EVENT_QP_ACCESS_ERR && ev.element.qp == qb);
+    ibv_ack_async_event(&ev);
+    CHECK(qb->events_completed == 1);
+    /* No more events: with O_NONBLOCK on async_fd the call fails with EAGAIN at once. */
+    fl = fcntl(ctx->async_fd, F_GETFL);
+    CHECK(fl >= 0 && fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0);
+    errno = 0;
+    CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN);
+    CHECK(fcntl(ctx->async_fd, F_SETFL, fl) == 0);
+
+    CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
+    CHECK(ibv_destroy_comp_channel(ch) == EBUSY);
+    CHECK(ibv_destroy_cq(cq) == 0);
+    CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+/* An SRQ armed with a limit raises IBV_EVENT_SRQ_LIMIT_REACHED, naming the SRQ, once fewer
+ * receives than the limit remain. */
+static void srq_limit_section(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_mr *ma,
+                              struct ibv_mr *mb, union ibv_gid *gid) {
+    struct ibv_srq_init_attr sa = {0};
+    sa.attr.max_wr = 8;
+    sa.attr.max_sge = 1;
+    sa.attr.srq_limit = 2;
+    struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+    CHECK(srq);
+    cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+    CHECK(cq);
+    struct ibv_qp_init_attr ia = {0};
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 8;
+    ia.cap.max_send_sge = 1;
+    struct ibv_qp *qt = ibv_create_qp(pd, &ia);
+    ia.srq = srq;
+    struct ibv_qp *qs = ibv_create_qp(pd, &ia);
+    CHECK(qt && qs);
+    to_rts(qt, qs->qp_num, gid);
+    to_rts(qs, qt->qp_num, gid);
+    struct ibv_sge rsge = {(uintptr_t)mb->addr, 64, mb->lkey};
+    struct ibv_recv_wr rwr = {.wr_id = 300, .sg_list = &rsge, .num_sge = 1}, *rbad;
+    for (int i = 0; i < 3; i++) CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == 0);
+    struct ibv_sge sge = {(uintptr_t)ma->addr, 8, ma->lkey};
+    struct ibv_send_wr wr = {0};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    for (int i = 0; i < 2; i++) {
+        wr.wr_id = 30 + i;
+        post(qt, &wr);
+    }
+    struct ibv_async_event ev;
+    CHECK(ibv_get_async_event(ctx, &ev) == 0);
+    CHECK(ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == srq);
+    ibv_ack_async_event(&ev);
+    CHECK(srq->events_completed == 1);
+    struct ibv_srq_attr sq;
+    CHECK(ibv_query_srq(srq, &sq) == 0 && sq.srq_limit == 0); /* disarmed by the event */
+    struct ibv_wc wc[4];
+    for (int got = 0; got < 4;) {
+        int k = ibv_poll_cq(cq, 4, wc);
+        CHECK(k >= 0);
+        for (int i = 0; i < k; i++) CHECK(wc[i].status == IBV_WC_SUCCESS);
+        got += k;
+    }
+    CHECK(ibv_destroy_qp(qs) == 0 && ibv_destroy_qp(qt) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0);
+    CHECK(ibv_destroy_srq(srq) == 0);
+}
+
 int main(void) {
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
@@ -78,12 +311,32 @@ int main(void) {
     CHECK(ibv_query_device(ctx, &da) == 0 && da.phys_port_cnt == 1 && da.max_qp > 0);
     struct ibv_device_attr_ex dax;
     CHECK(ibv_query_device_ex(ctx, NULL, &dax) == 0 && dax.orig_attr.max_qp == da.max_qp);
+    CHECK(dax.completion_timestamp_mask != 0 && dax.hca_core_clock != 0);
+    CHECK(dax.orig_attr.phys_port_cnt == 1 && dax.comp_mask == 0);
+    struct ibv_query_device_ex_input qin = {.comp_mask = 1};
+    CHECK(ibv_query_device_ex(ctx, &qin, &dax) == EINVAL);
+    /* Real-time values: the raw device clock, masked like completion timestamps. */
+    struct ibv_values_ex vals = {.comp_mask = IBV_VALUES_MASK_RAW_CLOCK};
+    CHECK(ibv_query_rt_values_ex(ctx, &vals) == 0 && vals.comp_mask == IBV_VALUES_MASK_RAW_CLOCK);
+    uint64_t raw1 = (uint64_t)vals.raw_clock.tv_sec * 1000000000ull + vals.raw_clock.tv_nsec;
+    CHECK(raw1 != 0 && (raw1 & ~dax.completion_timestamp_mask) == 0);
+    CHECK(ibv_query_rt_values_ex(ctx, &vals) == 0);
+    uint64_t raw2 = (uint64_t)vals.raw_clock.tv_sec * 1000000000ull + vals.raw_clock.tv_nsec;
+    CHECK(((raw2 - raw1) & dax.completion_timestamp_mask) < 60000000000ull);
+    vals.comp_mask = IBV_VALUES_MASK_RESERVED;
+    CHECK(ibv_query_rt_values_ex(ctx, &vals) == EINVAL);
     struct ibv_port_attr pa;
     CHECK(ibv_query_port(ctx, 1, &pa) == 0);
     CHECK(pa.state == IBV_PORT_ACTIVE && pa.link_layer == IBV_LINK_LAYER_ETHERNET);
     CHECK(ibv_query_port(ctx, 2, &pa) == EINVAL);
     union ibv_gid gid;
     CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0 && gid.raw[10] == 0xff && gid.raw[15] == 1);
+    struct ibv_gid_entry ge;
+    CHECK(ibv_query_gid_ex(ctx, 1, 0, &ge, 0) == 0 && memcmp(&ge.gid, &gid, 16) == 0);
+    CHECK(ge.port_num == 1 && ge.gid_index == 0 && ge.gid_type == IBV_GID_TYPE_ROCE_V2);
+    CHECK(ibv_query_gid_ex(ctx, 1, 5, &ge, 0) == EINVAL);
+    struct ibv_gid_entry table[4];
+    CHECK(ibv_query_gid_table(ctx, table, 4, 0) == 1 && memcmp(&table[0].gid, &gid, 16) == 0);
     uint16_t pkey;
     CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == 0xffff);
 
@@ -220,6 +473,10 @@ int main(void) {
 
     CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
     CHECK(ibv_destroy_cq(cq) == 0);
+
+    cq_ex_section(ctx, pd, ma, mb, &gid);
+    srq_limit_section(ctx, pd, ma, mb, &gid);
+
     CHECK(ibv_dereg_mr(ma) == 0 && ibv_dereg_mr(mb) == 0);
     CHECK(ibv_dealloc_pd(pd) == 0);
     CHECK(ibv_close_device(ctx) == 0);
