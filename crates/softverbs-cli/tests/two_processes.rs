@@ -150,7 +150,8 @@ fn pingpong_ends_with_different_settings_both_refuse() {
                 "{who}: {}",
                 o.stderr
             );
-            assert!(o.took < Duration::from_secs(10), "{who} took {:?}", o.took);
+            // Well under the 30 s link timeout: the refusal came from the check, not a time-out.
+            assert!(o.took < Duration::from_secs(25), "{who} took {:?}", o.took);
         }
     }
 }
@@ -166,18 +167,19 @@ fn pingpong_server_without_a_client_gives_up() {
         "{}",
         o.stderr
     );
-    assert!(o.took < Duration::from_secs(10), "took {:?}", o.took);
+    // It gave up after its 1 s --timeout, not the 30 s default.
+    assert!(o.took < Duration::from_secs(25), "took {:?}", o.took);
 }
 
 /// `perf --quick --json` with `devices` as SOFTVERBS_DEVICES: one JSON object on standard
-/// output, with the baselines, within a few seconds.
+/// output, with the baselines.
 fn perf_quick(devices: Option<&str>) -> (Outcome, serde_json::Value) {
     let mut cmd = command(&["perf", "--quick", "--json"]);
     if let Some(d) = devices {
         cmd.env("SOFTVERBS_DEVICES", d);
     }
+    // `finish` bounds the run (a hang fails the test); how fast it is, is not a test matter.
     let o = finish(cmd.spawn().expect("start perf"), None, "perf --quick");
-    assert!(o.took < Duration::from_secs(30), "took {:?}", o.took);
     let v: serde_json::Value = serde_json::from_str(&o.stdout)
         .unwrap_or_else(|e| panic!("not one JSON object ({e}): {}\n{}", o.stdout, o.stderr));
     let cl = &v["baselines"]["cacheline_pingpong"];
