@@ -427,6 +427,51 @@ int main(void) {
     wait_wc(IBV_WC_RDMA_WRITE, 2);
     CHECK(strcmp(b + 128, "written") == 0);
 
+    /* Plain SEND, then RDMA WRITE_WITH_IMM, which consumes a receive without its buffer. */
+    rwr.wr_id = 101;
+    CHECK(ibv_post_recv(qb, &rwr, &rbad) == 0);
+    rwr.wr_id = 102;
+    CHECK(ibv_post_recv(qb, &rwr, &rbad) == 0);
+    strcpy(a, "plain!!");
+    wr.wr_id = 7;
+    wr.opcode = IBV_WR_SEND;
+    post(qa, &wr);
+    strcpy(a, "with imm");
+    sge.length = 9;
+    wr.wr_id = 8;
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.imm_data = htonl(0xabcd);
+    wr.wr.rdma.remote_addr = (uintptr_t)(b + 192);
+    post(qa, &wr);
+    int seen = 0;
+    while (seen != 15) {
+        struct ibv_wc w;
+        int k = ibv_poll_cq(cq, 1, &w);
+        CHECK(k >= 0);
+        if (k == 0) continue;
+        CHECK(w.status == IBV_WC_SUCCESS);
+        if (w.wr_id == 7) {
+            CHECK(w.opcode == IBV_WC_SEND);
+            seen |= 1;
+        } else if (w.wr_id == 8) {
+            CHECK(w.opcode == IBV_WC_RDMA_WRITE);
+            seen |= 2;
+        } else if (w.wr_id == 101) {
+            CHECK(w.opcode == IBV_WC_RECV && w.byte_len == 8 && !(w.wc_flags & IBV_WC_WITH_IMM));
+            seen |= 4;
+        } else {
+            CHECK(w.wr_id == 102 && w.opcode == IBV_WC_RECV_RDMA_WITH_IMM && w.byte_len == 9);
+            CHECK((w.wc_flags & IBV_WC_WITH_IMM) && ntohl(w.imm_data) == 0xabcd);
+            seen |= 8;
+        }
+    }
+    CHECK(strcmp(b, "plain!!") == 0 && strcmp(b + 192, "with imm") == 0);
+    memset(&wr, 0, sizeof wr);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    sge.length = 8;
+    wr.wr.rdma.rkey = mb->rkey;
+
     /* RDMA READ. */
     strcpy(b + 256, "read me");
     wr.wr_id = 3;
