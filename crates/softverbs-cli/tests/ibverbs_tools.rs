@@ -354,3 +354,27 @@ fn ib_read_lat_all_sizes() {
 fn ib_read_bw_all_sizes() {
     perftest_all_sizes("ib_read_bw");
 }
+
+/// `-t`: receive completions polled through `ibv_create_cq_ex`/`ibv_start_poll`, with the
+/// completion-timestamp statistics the seed's `rc_pingpong --ts` prints.
+#[test]
+fn ibv_rc_pingpong_timestamps() {
+    pair(
+        "ibv_rc_pingpong",
+        "-g",
+        &["-t"],
+        "Average receive completion clock cycles",
+    );
+}
+
+/// `-e -t`: completion events, then `ibv_start_poll`, which the tool requires to find a
+/// completion after every event (an event for already-polled completions would fail it).
+#[test]
+fn ibv_rc_pingpong_events_and_timestamps() {
+    pair(
+        "ibv_rc_pingpong",
+        "-g",
+        &["-e", "-t", "-n", "2000"],
+        "Average receive completion clock cycles",
+    );
+}
