@@ -13,9 +13,9 @@ use crate::oob::{ChannelLink, OobLink, PeerError, PeerFailed, TcpLink, watch_for
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use softverbs::{
-    AccessFlags, AddressHandle, CompletionQueue, Context, Device, Endpoint, GRH_LEN, MemoryRegion,
-    QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, WorkCompletion,
-    address_vector,
+    AccessFlags, AddressHandle, CompletionQueue, Context, Device, DeviceClock, Endpoint, GRH_LEN,
+    MemoryRegion, QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
+    WorkCompletion, address_vector,
 };
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
@@ -107,6 +107,12 @@ pub struct Args {
     /// to accept (client), and for each message of the address exchange.
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TIMEOUT_S)]
     timeout: u64,
+    /// Also report, like `ibv_rc_pingpong -t`, the max, min and average time between
+    /// consecutive receive completions of the measuring end (the client), from the completions'
+    /// device-clock timestamps: in clock cycles (wrap-around handled with the clock's mask) and
+    /// in nanoseconds.
+    #[arg(short = 't', long = "ts")]
+    ts: bool,
 }
 
 /// The validated parameters of a run.
@@ -117,6 +123,8 @@ struct Config {
     iters: u64,
     /// Receive buffers each end keeps posted.
     rx_depth: usize,
+    /// Collect receive-completion timestamp statistics (`--ts`).
+    ts: bool,
 }
 
 impl Config {
@@ -163,6 +171,7 @@ impl Config {
             // Two posted receives are enough for a strict ping-pong (the next message can
             // arrive while the last one is still being checked); keep a few more when cheap.
             rx_depth: if size <= 1 << 20 { 4 } else { 2 },
+            ts: args.ts,
         })
     }
 }
@@ -340,6 +349,87 @@ const PONG: u8 = 1;
 struct Stats {
     rtt_ns: Histogram<u64>,
     elapsed: Duration,
+    /// Receive-completion timestamp deltas (`--ts`).
+    recv_ts: Option<TsDeltas>,
+}
+
+/// Deltas between the timestamps of consecutive receive completions, as `ibv_rc_pingpong -t`
+/// gathers them.
+#[derive(Debug, Clone)]
+struct TsDeltas {
+    clock: DeviceClock,
+    prev: Option<u64>,
+    min: u64,
+    max: u64,
+    total: u128,
+    count: u64,
+}
+
+impl TsDeltas {
+    fn new(clock: DeviceClock) -> TsDeltas {
+        TsDeltas {
+            clock,
+            prev: None,
+            min: u64::MAX,
+            max: 0,
+            total: 0,
+            count: 0,
+        }
+    }
+
+    /// Adds the raw timestamp of the next receive completion.
+    fn record(&mut self, ts: u64) {
+        if let Some(prev) = self.prev {
+            // Wrap-aware: the clock counts up to its mask, then starts again at 0.
+            let delta = self.clock.delta(prev, ts);
+            self.min = self.min.min(delta);
+            self.max = self.max.max(delta);
+            self.total += u128::from(delta);
+            self.count += 1;
+        }
+        self.prev = Some(ts);
+    }
+
+    /// The figures, or `None` before two receive completions.
+    fn summary(&self) -> Option<TsSummary> {
+        if self.count == 0 {
+            return None;
+        }
+        let avg = self.total as f64 / self.count as f64;
+        let ns = |cycles: f64| {
+            if self.clock.khz == 0 {
+                0.0
+            } else {
+                cycles * 1e6 / self.clock.khz as f64
+            }
+        };
+        Some(TsSummary {
+            deltas: self.count,
+            completion_timestamp_mask: self.clock.mask,
+            hca_core_clock_khz: self.clock.khz,
+            max_cycles: self.max,
+            min_cycles: self.min,
+            avg_cycles: avg,
+            max_ns: ns(self.max as f64),
+            min_ns: ns(self.min as f64),
+            avg_ns: ns(avg),
+        })
+    }
+}
+
+/// Receive-completion timestamp statistics, as `--json` prints them.
+#[derive(Debug, Clone, Serialize)]
+struct TsSummary {
+    /// Deltas measured (receive completions - 1).
+    deltas: u64,
+    completion_timestamp_mask: u64,
+    hca_core_clock_khz: u64,
+    max_cycles: u64,
+    min_cycles: u64,
+    avg_cycles: f64,
+    max_ns: f64,
+    min_ns: f64,
+    avg_ns: f64,
 }
 
 /// One end: its verbs objects and buffer layout. The memory region holds the send buffer
@@ -364,11 +454,24 @@ struct End<'a> {
     early: VecDeque<WorkCompletion>,
     got: Vec<u8>,
     want: Vec<u8>,
+    /// Receive-completion timestamps (`--ts`).
+    recv_ts: Option<TsDeltas>,
 }
 
 impl<'a> End<'a> {
     fn new(device: &Device, cfg: &'a Config, abort: &'a AtomicBool) -> Result<End<'a>> {
         let ctx = device.open()?;
+        let recv_ts = if cfg.ts {
+            let clock = ctx.clock();
+            if clock.mask == 0 {
+                return Err(
+                    format!("--ts: {} isn't completion timestamp capable", device.name()).into(),
+                );
+            }
+            Some(TsDeltas::new(clock))
+        } else {
+            None
+        };
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(SQ_DEPTH + cfg.rx_depth as u32, None)?;
         let qp = pd.create_qp(&QpInitAttr {
@@ -417,6 +520,7 @@ impl<'a> End<'a> {
             early: VecDeque::new(),
             got: vec![0; cfg.size],
             want: vec![0; cfg.size],
+            recv_ts,
         })
     }
 
@@ -613,6 +717,9 @@ impl<'a> End<'a> {
             self.post_send(iter)?;
             let wc = self.wait_recv()?;
             let rtt = t0.elapsed();
+            if let Some(ts) = &mut self.recv_ts {
+                ts.record(wc.timestamp());
+            }
             rtt_ns.saturating_record(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1));
             self.check_recv(&wc, iter, PONG)?;
         }
@@ -620,6 +727,7 @@ impl<'a> End<'a> {
         Ok(Stats {
             rtt_ns,
             elapsed: start.elapsed(),
+            recv_ts: self.recv_ts.clone(),
         })
     }
 
@@ -860,6 +968,12 @@ struct Report {
     half_rtt_p50_us: f64,
     half_rtt_p99_us: f64,
     half_rtt_max_us: f64,
+    /// Receive-completion timestamp deltas (`--ts`, from the second receive on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recv_completion_ts: Option<TsSummary>,
+    /// `--ts` was given.
+    #[serde(skip)]
+    ts: bool,
 }
 
 impl Report {
@@ -896,11 +1010,13 @@ impl Report {
             half_rtt_p50_us: p50 / 2.0,
             half_rtt_p99_us: p99 / 2.0,
             half_rtt_max_us: max / 2.0,
+            recv_completion_ts: stats.recv_ts.as_ref().and_then(TsDeltas::summary),
+            ts: cfg.ts,
         }
     }
 
     fn text(&self) -> String {
-        format!(
+        let mut text = format!(
             "pingpong: {transport} SEND/RECV on {device}, {mode}\n\
              \x20 transport:   {transport}\n\
              \x20 size:        {size} bytes\n\
@@ -930,7 +1046,29 @@ impl Report {
             hp50 = self.half_rtt_p50_us,
             hp99 = self.half_rtt_p99_us,
             hmax = self.half_rtt_max_us,
-        )
+        );
+        match &self.recv_completion_ts {
+            Some(ts) => text.push_str(&format!(
+                "\x20 receive completion deltas ({n}, clock {khz} kHz, mask {mask:#x}):\n\
+                 \x20   Max receive completion clock cycles = {max} ({max_ns:.0} ns)\n\
+                 \x20   Min receive completion clock cycles = {min} ({min_ns:.0} ns)\n\
+                 \x20   Average receive completion clock cycles = {avg:.2} ({avg_ns:.1} ns)\n",
+                n = ts.deltas,
+                khz = ts.hca_core_clock_khz,
+                mask = ts.completion_timestamp_mask,
+                max = ts.max_cycles,
+                max_ns = ts.max_ns,
+                min = ts.min_cycles,
+                min_ns = ts.min_ns,
+                avg = ts.avg_cycles,
+                avg_ns = ts.avg_ns,
+            )),
+            None if self.ts => text.push_str(
+                "\x20 receive completion deltas: none (fewer than two receive completions)\n",
+            ),
+            None => {}
+        }
+        text
     }
 }
 
@@ -944,6 +1082,7 @@ mod tests {
             size,
             iters: 200,
             rx_depth: 4,
+            ts: false,
         }
     }
 
@@ -1097,6 +1236,42 @@ mod tests {
                 assert!(err.contains("--transport rc -s 64 -n 200"), "{err}");
             }
         }
+    }
+
+    #[test]
+    fn ts_deltas_handle_wrap_around() {
+        let mut d = TsDeltas::new(DeviceClock {
+            mask: 0xffff,
+            khz: 500_000,
+        });
+        assert!(d.summary().is_none());
+        for ts in [0xfff0, 0x0010, 0x0050, 0x0058] {
+            d.record(ts);
+        }
+        let s = d.summary().unwrap();
+        assert_eq!((s.deltas, s.min_cycles, s.max_cycles), (3, 8, 0x40));
+        assert_eq!(s.avg_cycles, (0x20 + 0x40 + 8) as f64 / 3.0);
+        // 500,000 kHz: two nanoseconds per cycle.
+        assert_eq!((s.min_ns, s.max_ns), (16.0, 128.0));
+    }
+
+    #[test]
+    fn ts_over_tcp_reports_the_clients_receive_deltas() {
+        let dev = crate::find_device(None).unwrap();
+        let c = Config {
+            ts: true,
+            ..cfg(Transport::Rc, 64)
+        };
+        let (mut s, mut cl) = tcp_pair();
+        let stats = std::thread::scope(|sc| {
+            let server = sc.spawn(|| over_tcp(Role::Server, &dev, &c, &mut s));
+            let stats = over_tcp(Role::Client, &dev, &c, &mut cl);
+            server.join().unwrap().unwrap();
+            stats.unwrap().unwrap()
+        });
+        let ts = stats.recv_ts.unwrap().summary().unwrap();
+        assert_eq!(ts.deltas, 199);
+        assert!(0 < ts.min_cycles && ts.min_cycles <= ts.max_cycles);
     }
 
     #[test]

@@ -158,6 +158,20 @@ impl Context {
         self.inner.device().attr()
     }
 
+    /// `ibv_query_rt_values_ex`: the raw device-clock value now, truncated to
+    /// `completion_timestamp_mask`. It is the same clock every completion is stamped with
+    /// ([`WorkCompletion::timestamp`](crate::WorkCompletion::timestamp)), so a value read
+    /// between two completions lies between their timestamps; use [`Context::clock`] to
+    /// subtract values and convert them to nanoseconds.
+    pub fn query_rt_values(&self) -> u64 {
+        self.inner.device().clock().now_raw()
+    }
+
+    /// The device clock's width and frequency, for turning raw timestamps into time.
+    pub fn clock(&self) -> DeviceClock {
+        DeviceClock::from_attr(&self.query_device())
+    }
+
     /// `ibv_query_port`.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         self.inner.device().port_attr(port)
@@ -211,5 +225,73 @@ impl Context {
     /// The async event file descriptor: readable while an event waits (`context->async_fd`).
     pub fn async_fd(&self) -> BorrowedFd<'_> {
         self.inner.events().fd()
+    }
+}
+
+/// The facts needed to turn raw device-clock values (completion timestamps and
+/// [`Context::query_rt_values`]) into time: the clock's `completion_timestamp_mask` and its
+/// frequency `hca_core_clock` in kHz, both from `ibv_query_device_ex`.
+///
+/// Raw values wrap around at the mask, so subtract them with [`delta`](Self::delta), which
+/// is right as long as the two values are less than one wrap apart.
+///
+/// ```
+/// use softverbs::*;
+///
+/// let ctx = softverbs::devices()?[0].open()?;
+/// let clock = ctx.clock();
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(4, None)?;
+/// let mr = pd.alloc_mr(8, AccessFlags::LOCAL_WRITE)?;
+/// let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq))?;
+/// qp.connect(&qp.endpoint(0)?, 0, AccessFlags::empty())?;
+///
+/// let before = ctx.query_rt_values();
+/// qp.post_recv([RecvWr::new(1, &[mr.sge(0..8)])])?;
+/// qp.post_send([SendWr::new(2, SendOp::Send, &[mr.sge(0..8)]).flags(SendFlags::SIGNALED)])?;
+/// let (a, b) = (cq.wait_one()?, cq.wait_one()?);
+/// // Both completions happened after `before`, in the order the CQ returned them.
+/// assert!(clock.delta(before, a.timestamp()) <= clock.delta(before, b.timestamp()));
+/// let ns = clock.ticks_to_ns(clock.delta(before, b.timestamp()));
+/// assert!(ns < 10_000_000_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceClock {
+    /// `completion_timestamp_mask`: the raw clock counts from 0 to this value, then wraps.
+    pub mask: u64,
+    /// `hca_core_clock`: ticks per millisecond.
+    pub khz: u64,
+}
+
+impl DeviceClock {
+    /// The clock a device reports in its attributes.
+    pub fn from_attr(attr: &DeviceAttr) -> DeviceClock {
+        DeviceClock {
+            mask: attr.completion_timestamp_mask,
+            khz: attr.hca_core_clock,
+        }
+    }
+
+    /// Ticks from the raw value `earlier` to the raw value `later`, correct across one
+    /// wrap-around of the mask (the two must be less than `mask + 1` ticks apart).
+    pub fn delta(&self, earlier: u64, later: u64) -> u64 {
+        later.wrapping_sub(earlier) & self.mask
+    }
+
+    /// `ticks` of this clock in nanoseconds (rounded down; 0 if the clock reports no
+    /// frequency).
+    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        if self.khz == 0 {
+            return 0;
+        }
+        let ns = u128::from(ticks) * 1_000_000 / u128::from(self.khz);
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    }
+
+    /// Nanoseconds from the raw value `earlier` to the raw value `later` (see
+    /// [`delta`](Self::delta)).
+    pub fn delta_ns(&self, earlier: u64, later: u64) -> u64 {
+        self.ticks_to_ns(self.delta(earlier, later))
     }
 }

@@ -41,7 +41,7 @@ mod mr;
 mod qp;
 
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
-pub use device::{Context, Device, DeviceBuilder, devices};
+pub use device::{Context, Device, DeviceBuilder, DeviceClock, devices};
 pub use mr::{MemoryRegion, ProtectionDomain};
 pub use qp::{
     AddressHandle, Endpoint, QpInitAttr, QueuePair, RecvWr, SendWr, SharedReceiveQueue, SrqAttr,
