@@ -84,10 +84,7 @@ fn bad_remote_op(make: impl Fn(&RemoteMr) -> SendOp) {
     let m = t.expect("target");
     let (tep, mem): (Endpoint, RemoteMr) = (m.get(0), m.get(1));
     let n = node();
-    let qp = n.qp(QpType::Rc);
-    qp.connect(&tep, 0, ALL_REMOTE).unwrap();
-    t.send(msg!("initiator", qp.endpoint(0).unwrap()));
-    t.expect("ready");
+    let qp = n.rc_to(&mut t, &tep, "ready");
 
     let local = n.mr(64);
     probe(&n, &qp, &mem, &local);
@@ -174,10 +171,7 @@ fn responder_qp_in_the_target_process_goes_to_err_with_an_access_event_and_flush
     let m = t.expect("target");
     let (tep, mem): (Endpoint, RemoteMr) = (m.get(0), m.get(1));
     let n = node();
-    let qp = n.qp(QpType::Rc);
-    qp.connect(&tep, 0, ALL_REMOTE).unwrap();
-    t.send(msg!("initiator", qp.endpoint(0).unwrap()));
-    t.expect("ready");
+    let qp = n.rc_to(&mut t, &tep, "ready");
     let local = n.mr(64);
     probe(&n, &qp, &mem, &local);
     let s = [local.sge(0..8)];

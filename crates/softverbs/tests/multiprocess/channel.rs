@@ -60,10 +60,7 @@ fn completion_channel_in_the_target_process_wakes_get_cq_event_on_a_send_from_an
     let mut t = Peer::spawn("channel::peer_channel_target");
     let tep: Endpoint = t.expect("target").get(0);
     let n = node();
-    let qp = n.qp(QpType::Rc);
-    qp.connect(&tep, 0, ALL_REMOTE).unwrap();
-    t.send(msg!("initiator", qp.endpoint(0).unwrap()));
-    t.expect("armed");
+    let qp = n.rc_to(&mut t, &tep, "armed");
 
     // The target must be asleep in get_cq_event, not spinning: at some moment within a second,
     // none of its threads is running.

@@ -344,10 +344,7 @@ fn initiator_unmaps_a_peers_memory_once_the_peer_exited_and_the_qp_is_destroyed(
     let (tep, mem, list): (Endpoint, RemoteMr, String) = (m.get(0), m.get(1), m.get(2));
     let inodes: BTreeSet<u64> = list.split(',').filter_map(|i| i.parse().ok()).collect();
     let n = node();
-    let qp = n.qp(QpType::Rc);
-    qp.connect(&tep, 0, ALL_REMOTE).unwrap();
-    t.send(msg!("initiator", qp.endpoint(0).unwrap()));
-    t.expect("ready");
+    let qp = n.rc_to(&mut t, &tep, "ready");
     let local = n.mr(64 * 1024);
     let s = [local.sge(0..64 * 1024)];
     let write = SendOp::RdmaWrite {

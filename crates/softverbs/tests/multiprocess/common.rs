@@ -36,6 +36,15 @@ impl Node {
             .create_qp(&QpInitAttr::new(qp_type, &self.cq, &self.cq))
             .expect("create_qp")
     }
+    /// An RC QP connected to the target process's `tep`; tells the target this end's
+    /// endpoint and returns once it answers `ready`.
+    pub fn rc_to(&self, t: &mut crate::harness::Peer, tep: &Endpoint, ready: &str) -> QueuePair {
+        let qp = self.qp(QpType::Rc);
+        qp.connect(tep, 0, ALL_REMOTE).unwrap();
+        t.send(crate::harness::msg!("initiator", qp.endpoint(0).unwrap()));
+        t.expect(ready);
+        qp
+    }
     /// A shared-memory region (`alloc_mr`) with every right.
     pub fn mr(&self, len: usize) -> MemoryRegion<'static> {
         self.pd.alloc_mr(len, ALL_REMOTE).expect("alloc_mr")
@@ -89,6 +98,21 @@ pub fn assert_no_completion(cq: &CompletionQueue, what: &str) {
 }
 
 /// Asserts every completion succeeded, naming `what` and the first failure.
+/// The fields receive checks compare: (wr_id, opcode, byte_len, imm_data, src_qp).
+pub fn recv_summary(wcs: &[WorkCompletion]) -> Vec<(u64, WcOpcode, u32, Option<u32>, u32)> {
+    wcs.iter()
+        .map(|w| {
+            (
+                w.wr_id(),
+                w.opcode(),
+                w.byte_len(),
+                w.imm_data(),
+                w.src_qp(),
+            )
+        })
+        .collect()
+}
+
 pub fn assert_all_ok(wcs: &[WorkCompletion], what: &str) {
     if let Some((i, wc)) = wcs.iter().enumerate().find(|(_, w)| !w.is_ok()) {
         panic!(

@@ -77,10 +77,7 @@ fn target_spinning_only_on_its_last_byte_sees_each_whole_write_and_send_message(
     let m = t.expect("target");
     let (tep, buf): (Endpoint, RemoteMr) = (m.get(0), m.get(1));
     let n = node();
-    let qp = n.qp(QpType::Rc);
-    qp.connect(&tep, 0, ALL_REMOTE).unwrap();
-    t.send(msg!("initiator", qp.endpoint(0).unwrap()));
-    t.expect("ready");
+    let qp = n.rc_to(&mut t, &tep, "ready");
     let src = n.mr(LEN);
     // Three SGEs, the last byte alone in the last one.
     let sges = [
@@ -176,18 +173,7 @@ peer!(peer_stopped_target, |p| {
     }
     let wc = poll_n(&n.cq, 3, "stopped target: receive completions");
     assert_all_ok(&wc, "stopped target: receive completions");
-    let got: Vec<_> = wc
-        .iter()
-        .map(|w| {
-            (
-                w.wr_id(),
-                w.opcode(),
-                w.byte_len(),
-                w.imm_data(),
-                w.src_qp(),
-            )
-        })
-        .collect();
+    let got = recv_summary(&wc);
     assert_eq!(
         got,
         vec![
@@ -217,10 +203,7 @@ fn target_stopped_with_sigstop_still_serves_write_read_atomics_and_sends() {
     let m = t.expect("target");
     let (tep, mem): (Endpoint, RemoteMr) = (m.get(0), m.get(1));
     let n = node();
-    let qp = n.qp(QpType::Rc);
-    qp.connect(&tep, 0, ALL_REMOTE).unwrap();
-    t.send(msg!("initiator", qp.endpoint(0).unwrap()));
-    t.expect("ready");
+    let qp = n.rc_to(&mut t, &tep, "ready");
 
     t.signal(Signal::STOP);
     let st = wait_for_state(t.pid(), 'T', Duration::from_secs(5));

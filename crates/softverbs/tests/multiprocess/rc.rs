@@ -294,10 +294,7 @@ fn rc_write_and_read_reach_plain_memory_registered_with_reg_mr_in_the_target_pro
     let m = t.expect("target");
     let (tep, mem): (Endpoint, RemoteMr) = (m.get(0), m.get(1));
     let n = node();
-    let qp = n.qp(QpType::Rc);
-    qp.connect(&tep, 0, ALL_REMOTE).unwrap();
-    t.send(msg!("initiator", qp.endpoint(0).unwrap()));
-    t.expect("ready");
+    let qp = n.rc_to(&mut t, &tep, "ready");
     let local = n.mr(8192);
     local.write_at(0, &pattern(4096, 14)).unwrap();
     let (w, r) = ([local.sge(0..4096)], [local.sge(4096..8192)]);

@@ -188,10 +188,7 @@ fn srq_limit_event_fires_in_the_target_process_when_a_remote_sender_drains_it() 
     let mut t = Peer::spawn("srq::peer_srq_limit_target");
     let tep: Endpoint = t.expect("target").get(0);
     let n = node();
-    let qp = n.qp(QpType::Rc);
-    qp.connect(&tep, 0, ALL_REMOTE).unwrap();
-    t.send(msg!("initiator", qp.endpoint(0).unwrap()));
-    t.expect("ready");
+    let qp = n.rc_to(&mut t, &tep, "ready");
     qp.post_send([
         SendWr::inline(1, SendOp::Send, b"one"),
         signaled(SendWr::inline(2, SendOp::Send, b"two")),

@@ -167,18 +167,7 @@ peer!(peer_uc_target, |p| {
 
     let wc = poll_n(&n.cq, 2, "UC target: receive completions");
     assert_all_ok(&wc, "UC target: receive completions");
-    let got: Vec<_> = wc
-        .iter()
-        .map(|w| {
-            (
-                w.wr_id(),
-                w.opcode(),
-                w.byte_len(),
-                w.imm_data(),
-                w.src_qp(),
-            )
-        })
-        .collect();
+    let got = recv_summary(&wc);
     assert_eq!(
         got,
         vec![
