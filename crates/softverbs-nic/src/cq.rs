@@ -2,10 +2,11 @@
 
 use crate::error::{Error, Result, inval};
 use crate::event::{AsyncEvent, AsyncQueue, Doorbell, EventElement};
-use crate::ring::{Ring, SlotPayload};
-use crate::types::{AsyncEventType, WcFlags, WcOpcode, WcStatus};
+use crate::compact::Layout;
+use crate::ring::{InPlace, Ring, SlotPayload};
+use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// One completion as stored in a CQ ring (56 bytes; 64 with the slot's sequence word).
@@ -195,7 +196,13 @@ impl Channel {
 /// A completion queue.
 pub struct Cq {
     id: u32,
-    ring: RwLock<Ring>,
+    // An Arc so a polling cursor can hold the ring it reads in place without holding the lock.
+    ring: RwLock<Arc<Ring>>,
+    /// The fields the CQ was created to return, and their compact-record layout.
+    wc_flags: WcExFlags,
+    layout: Layout,
+    /// The program's `cq_context`.
+    user_context: AtomicU64,
     channel: Option<Arc<Channel>>,
     async_events: Arc<AsyncQueue>,
     retire: Arc<dyn Fn(u32, u32) + Send + Sync>,
@@ -218,12 +225,16 @@ impl Cq {
         retire: Arc<dyn Fn(u32, u32) + Send + Sync>,
         clock: crate::clock::Clock,
         count: Option<crate::device::Counted>,
+        wc_flags: WcExFlags,
     ) -> Result<Arc<Cq>> {
         let ring = Ring::new("softverbs-cq", cqe, std::mem::size_of::<Cqe>())?;
         ring.user_words()[W_ID].store(id, Ordering::Release);
         let cq = Arc::new(Cq {
             id,
-            ring: RwLock::new(ring),
+            ring: RwLock::new(Arc::new(ring)),
+            wc_flags,
+            layout: Layout::new(crate::compact::seed_flags(wc_flags)),
+            user_context: AtomicU64::new(0),
             channel,
             async_events,
             retire,
@@ -253,7 +264,7 @@ impl Cq {
         self.read_ring().capacity()
     }
 
-    fn read_ring(&self) -> std::sync::RwLockReadGuard<'_, Ring> {
+    fn read_ring(&self) -> std::sync::RwLockReadGuard<'_, Arc<Ring>> {
         self.ring.read().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -294,7 +305,7 @@ impl Cq {
     }
 
     /// The ring, for exporting to peers.
-    pub(crate) fn ring(&self) -> std::sync::RwLockReadGuard<'_, Ring> {
+    pub(crate) fn ring(&self) -> std::sync::RwLockReadGuard<'_, Arc<Ring>> {
         self.read_ring()
     }
 
@@ -321,6 +332,62 @@ impl Cq {
             n += 1;
         }
         n
+    }
+
+    /// The fields this CQ returns.
+    pub fn wc_flags(&self) -> WcExFlags {
+        self.wc_flags
+    }
+
+    /// The layout of this CQ's compact records.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The program's `cq_context` value.
+    pub fn user_context(&self) -> u64 {
+        self.user_context.load(Ordering::Relaxed)
+    }
+
+    /// Sets the program's `cq_context` value.
+    pub fn set_user_context(&self, v: u64) {
+        self.user_context.store(v, Ordering::Relaxed);
+    }
+
+    /// Starts polling in place: the cursor holds the oldest completion; `None` when the CQ is
+    /// empty (`ibv_start_poll`'s `ENOENT`).
+    #[inline]
+    pub fn start_poll(&self) -> Option<Cursor<'_>> {
+        let ring = self.read_ring().clone();
+        let held = InPlace::start(ring)?;
+        self.retire_if_send(held.get());
+        Some(Cursor { cq: self, held })
+    }
+
+    #[inline]
+    fn retire_if_send(&self, c: &Cqe) {
+        if !c.is_recv() {
+            (self.retire)(c.qp_num, c.wqe_seq);
+        }
+    }
+
+    /// `poll_ex` of seed 000: writes up to `max` completions as compact records
+    /// ([`Layout`]) into `buf`, back to back; returns how many. `buf` shorter than `max`
+    /// records limits `max`.
+    pub fn poll_compact(&self, buf: &mut [u8], max: usize) -> usize {
+        let layout = self.layout;
+        let size = layout.size();
+        let max = max.min(buf.len() / size);
+        let wall = self
+            .wc_flags
+            .contains(WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK)
+            .then(|| self.clock.wall());
+        let mut chunks = buf.chunks_exact_mut(size);
+        self.poll_with(max, |c| {
+            if let Some(rec) = chunks.next() {
+                layout.fill(rec, &c, wall.as_ref());
+            }
+        })
     }
 
     /// Arms the CQ: the next completion (or, with `solicited_only`, the next solicited or
@@ -388,8 +455,38 @@ impl Cq {
                 return Err(Error::NoResources("resized CQ is too small".into()));
             }
         }
-        *ring = new;
+        *ring = Arc::new(new);
         Ok(ring.capacity())
+    }
+}
+
+/// A polling section over a CQ (`ibv_start_poll` … `ibv_end_poll`): it holds one completion,
+/// read in place in the CQ ring, until [`next`](Self::next) moves on or it is dropped.
+pub struct Cursor<'a> {
+    cq: &'a Cq,
+    held: InPlace<Cqe>,
+}
+
+impl Cursor<'_> {
+    /// The completion held.
+    #[inline]
+    pub fn cqe(&self) -> &Cqe {
+        self.held.get()
+    }
+
+    /// Moves to the next completion; false (`ENOENT`) when there is none.
+    #[inline]
+    pub fn next(&mut self) -> bool {
+        if !self.held.advance() {
+            return false;
+        }
+        self.cq.retire_if_send(self.held.get());
+        true
+    }
+
+    /// The CQ polled.
+    pub fn cq(&self) -> &Cq {
+        self.cq
     }
 }
 
@@ -407,6 +504,7 @@ mod tests {
             Arc::new(|_, _| {}),
             crate::clock::Clock::new(64),
             None,
+            WcExFlags::STANDARD,
         )
         .unwrap();
         (c, ev)

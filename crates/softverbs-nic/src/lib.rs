@@ -9,12 +9,15 @@
 //! - [`types`]: verbs vocabulary (flags, opcodes, statuses, states).
 //! - [`config`], [`device`]: devices, their limits and attributes, the in-process fabric.
 //! - [`shm`], [`ring`]: shared segments and the lock-free slot ring every queue is built on.
-//! - [`cq`], [`rq`], [`keys`]: completion queues, receive queues/SRQs, the memory-key table.
+//! - [`cq`], [`rq`], [`keys`]: completion queues, receive queues/SRQs, the memory-key table;
+//!   [`compact`]: the seed's compact completion records.
 //! - [`objects`], [`qp`], [`wr`]: contexts, PDs, MRs, AHs, queue pairs, work requests.
 //! - `exec`, `mem`: executing a work request, and the memory accessor that moves bytes.
+//! - [`ordering`]: strict and relaxed placement, and the ordering check.
 //! - `progress`: the timer thread for RNR and ACK retries.
 
 pub mod clock;
+pub mod compact;
 pub mod config;
 pub mod cq;
 pub mod device;
@@ -24,6 +27,7 @@ mod exec;
 pub mod keys;
 mod mem;
 pub mod objects;
+pub mod ordering;
 mod peer;
 mod progress;
 pub mod qp;

@@ -6,7 +6,7 @@ use crate::error::{Error, Result, inval};
 use crate::event::AsyncQueue;
 use crate::qp::{Qp, QpInit};
 use crate::rq::Srq;
-use crate::types::{AccessFlags, AhAttr, LinkLayer};
+use crate::types::{AccessFlags, AhAttr, LinkLayer, WcExFlags};
 use std::sync::{Arc, Weak};
 
 /// An open device (`struct ibv_context`): owns the async event queue.
@@ -45,6 +45,17 @@ impl Context {
 
     /// Creates a completion queue of at least `cqe` entries.
     pub fn create_cq(self: &Arc<Self>, cqe: u32, channel: Option<Arc<Channel>>) -> Result<Arc<Cq>> {
+        self.create_cq_ex(cqe, channel, WcExFlags::STANDARD)
+    }
+
+    /// Creates a CQ that returns the fields in `wc_flags` (checked by the caller against
+    /// [`WcExFlags::SUPPORTED`]).
+    pub fn create_cq_ex(
+        self: &Arc<Self>,
+        cqe: u32,
+        channel: Option<Arc<Channel>>,
+        wc_flags: WcExFlags,
+    ) -> Result<Arc<Cq>> {
         let max = self.dev.config.limits.max_cqe;
         if cqe == 0 || cqe > max {
             return Err(inval(format!("cqe {cqe} (1..={max})")));
@@ -60,6 +71,7 @@ impl Context {
             retire,
             self.dev.clock,
             Some(count),
+            wc_flags,
         )?;
         Ok(cq)
     }
@@ -87,7 +99,8 @@ impl Pd {
     ///
     /// Unknown mandatory bits and remote write/atomic without local write are invalid;
     /// known mandatory bits this device lacks are unsupported; optional bits (20..=29) the
-    /// device does not implement are dropped.
+    /// device implements ([`AccessFlags::SUPPORTED_OPTIONAL`]) are kept and the others
+    /// dropped.
     pub fn effective_access(raw: u32) -> Result<AccessFlags> {
         let optional = raw & AccessFlags::OPTIONAL_RANGE;
         let mandatory = raw & !AccessFlags::OPTIONAL_RANGE;
@@ -110,10 +123,11 @@ impl Pd {
                 "access flags {missing:?} are not implemented by softverbs"
             )));
         }
-        // No optional bit is implemented yet: placement is always strict, which every
-        // optional ordering relaxation permits.
-        let _dropped = optional;
-        Ok(flags)
+        // Optional bits are hints a device may ignore (rdma-core's `ibv_reg_mr_iova2`
+        // contract), so the ones softverbs lacks vanish instead of failing; the MR reports
+        // what is left, which is what its placement follows.
+        let kept = AccessFlags::from_bits_retain(optional) & AccessFlags::SUPPORTED_OPTIONAL;
+        Ok(flags | kept)
     }
 
     /// Registers `len` bytes at `addr`, addressed by the peer as `iova` (ignored for
@@ -309,8 +323,12 @@ mod tests {
             ok(1 | 2 | 4 | 8),
             AccessFlags::LOCAL_WRITE | AccessFlags::QP_REMOTE
         );
-        // Optional bits are dropped, not rejected.
-        assert_eq!(ok(1 | (1 << 20) | (1 << 29)), AccessFlags::LOCAL_WRITE);
+        // Unsupported optional bits are dropped, not rejected; supported ones stay.
+        assert_eq!(ok(1 | (1 << 21) | (1 << 29)), AccessFlags::LOCAL_WRITE);
+        assert_eq!(
+            ok(1 | (1 << 20) | (1 << 29)),
+            AccessFlags::LOCAL_WRITE | AccessFlags::RELAXED_ORDERING
+        );
         assert!(matches!(
             Pd::effective_access(2),
             Err(Error::InvalidArgument(_))

@@ -252,6 +252,12 @@ impl Ring {
         Ok(())
     }
 
+    /// Frees claimed slot `pos` for producers.
+    #[inline]
+    fn release(&self, pos: u64) {
+        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
+    }
+
     /// Removes the oldest entry.
     pub fn pop<T: SlotPayload>(&self) -> Option<T> {
         assert!(std::mem::size_of::<T>() <= self.payload_bytes());
@@ -261,6 +267,60 @@ impl Ring {
         let v = unsafe { self.payload_ptr(pos).cast::<T>().read_unaligned() };
         self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
         Some(v)
+    }
+}
+
+/// The oldest entry of a ring, read where it lies instead of copied out.
+///
+/// The slot stays claimed (producers cannot reuse it) until the next entry is taken or the
+/// `InPlace` is dropped, so a reader can look at single fields as often as it likes. It always
+/// holds an entry: when the ring runs dry, [`advance`](Self::advance) keeps the last one, which
+/// costs the ring one slot of room until the reader is done.
+pub struct InPlace<T: SlotPayload> {
+    ring: std::sync::Arc<Ring>,
+    pos: u64,
+    ptr: std::ptr::NonNull<T>,
+}
+
+impl<T: SlotPayload> InPlace<T> {
+    /// Takes the oldest entry of `ring`; `None` when it is empty.
+    pub fn start(ring: std::sync::Arc<Ring>) -> Option<Self> {
+        assert!(std::mem::size_of::<T>() <= ring.payload_bytes());
+        // Payloads start 8 bytes into 8-byte-multiple slots of a page-aligned segment.
+        assert!(std::mem::align_of::<T>() <= 8);
+        let pos = ring.claim_pop()?;
+        let ptr = std::ptr::NonNull::new(ring.payload_ptr(pos).cast::<T>())?;
+        Some(InPlace { ring, pos, ptr })
+    }
+
+    /// The entry held.
+    #[inline]
+    pub fn get(&self) -> &T {
+        // SAFETY: slot `pos` was published and claimed by us; no producer writes it until we
+        // release it (in `advance` or `drop`), and `ptr` is in bounds and aligned (asserted
+        // in `start`). The Arc keeps the segment mapped for the borrow's lifetime.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// Releases the held entry and takes the next one; false (still holding the old entry)
+    /// when the ring is empty.
+    #[inline]
+    pub fn advance(&mut self) -> bool {
+        let Some(next) = self.ring.claim_pop() else {
+            return false;
+        };
+        self.ring.release(self.pos);
+        self.pos = next;
+        // The payload pointer of a slot of our own segment is never null.
+        self.ptr = std::ptr::NonNull::new(self.ring.payload_ptr(next).cast::<T>())
+            .unwrap_or(self.ptr);
+        true
+    }
+}
+
+impl<T: SlotPayload> Drop for InPlace<T> {
+    fn drop(&mut self) {
+        self.ring.release(self.pos);
     }
 }
 

@@ -35,6 +35,9 @@ impl AccessFlags {
         .union(AccessFlags::REMOTE_ATOMIC)
         .union(AccessFlags::ZERO_BASED)
         .union(AccessFlags::HUGETLB);
+    /// Optional bits (in [`OPTIONAL_RANGE`](Self::OPTIONAL_RANGE)) this device implements:
+    /// they take effect; the other optional bits are dropped.
+    pub const SUPPORTED_OPTIONAL: AccessFlags = AccessFlags::RELAXED_ORDERING;
     /// Bits that are meaningful in a QP's `qp_access_flags`.
     pub const QP_REMOTE: AccessFlags = AccessFlags::REMOTE_WRITE
         .union(AccessFlags::REMOTE_READ)
@@ -62,6 +65,40 @@ bitflags! {
         const IP_CSUM_OK = 1 << 2;
         const WITH_INV = 1 << 3;
     }
+}
+
+bitflags! {
+    /// `enum ibv_create_cq_wc_flags`: the fields an extended CQ returns (values as shipped in
+    /// rdma-core, so the C ABI passes them through).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WcExFlags: u64 {
+        const BYTE_LEN = 1;
+        const IMM = 1 << 1;
+        const QP_NUM = 1 << 2;
+        const SRC_QP = 1 << 3;
+        const SLID = 1 << 4;
+        const SL = 1 << 5;
+        const DLID_PATH_BITS = 1 << 6;
+        /// The raw device-clock value of the completion.
+        const COMPLETION_TIMESTAMP = 1 << 7;
+        /// VLAN tag (no VLANs on the software NIC: rejected).
+        const CVLAN = 1 << 8;
+        /// Flow tag (no flow steering on the software NIC: rejected).
+        const FLOW_TAG = 1 << 9;
+        /// Tag-matching info (no tag matching on the software NIC: rejected).
+        const TM_INFO = 1 << 10;
+        /// The completion time in `CLOCK_REALTIME` nanoseconds.
+        const COMPLETION_TIMESTAMP_WALLCLOCK = 1 << 11;
+    }
+}
+
+impl WcExFlags {
+    /// `IBV_WC_STANDARD_FLAGS`: what a plain `ibv_create_cq` CQ returns.
+    pub const STANDARD: WcExFlags = WcExFlags::from_bits_truncate(0x7f);
+    /// What a softverbs completion can carry truthfully.
+    pub const SUPPORTED: WcExFlags = WcExFlags::STANDARD
+        .union(WcExFlags::COMPLETION_TIMESTAMP)
+        .union(WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK);
 }
 
 bitflags! {

@@ -54,6 +54,15 @@ impl Device {
         }
     }
 
+    /// Sets (or with `None` clears) the ordering-check observer: called after each piece
+    /// this device places in scrambled order into a relaxed-ordering region (of a device
+    /// built with [`DeviceBuilder::ordering_check`]), on the placing thread, before the next
+    /// piece. Tests use it to look at (or let another thread look at) the torn state a
+    /// last-byte poller would see; see [`crate::nic::ordering`].
+    pub fn set_ordering_observer(&self, observer: Option<crate::OrderingObserver>) {
+        self.inner.set_ordering_observer(observer);
+    }
+
     /// Takes the port down (`false`) or up (`true`); every open context receives
     /// `PORT_ERR` or `PORT_ACTIVE`. While the port is down nothing is delivered.
     pub fn set_port_state(&self, up: bool) {
@@ -116,6 +125,14 @@ impl DeviceBuilder {
     /// Width of the completion timestamp clock in bits.
     pub fn timestamp_bits(mut self, bits: u32) -> Self {
         self.config.timestamp_bits = bits;
+        self
+    }
+    /// The ordering check (`ordering_check=1` in `SOFTVERBS_DEVICES`): writes into this
+    /// device's relaxed-ordering regions are placed in pieces in a scrambled order, final
+    /// piece first, so a program that polls the last byte instead of waiting for the
+    /// completion sees torn data. Strict regions are never scrambled.
+    pub fn ordering_check(mut self, on: bool) -> Self {
+        self.config.ordering_check = on;
         self
     }
     /// Resource limits.

@@ -40,7 +40,10 @@ mod device;
 mod mr;
 mod qp;
 
-pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
+pub use cq::{
+    CompletionChannel, CompletionQueue, CqInitAttrEx, CreateCqFlags, Cursor, PollCqExAttr,
+    TypedCompletionQueue, TypedCursor, WorkCompletion, cq_init_attr_mask, fields,
+};
 pub use device::{Context, Device, DeviceBuilder, DeviceClock, devices};
 pub use mr::{MemoryRegion, ProtectionDomain};
 pub use qp::{
@@ -54,10 +57,15 @@ pub use softverbs_nic::event::{AsyncEvent, EventElement};
 pub use softverbs_nic::qp::{PostError, QpAttr, QpCap};
 pub use softverbs_nic::types::{
     AccessFlags, AhAttr, AsyncEventType, AtomicCap, Gid, GlobalRoute, LinkLayer, Mtu, PortState,
-    QpAttrMask, QpState, QpType, SendFlags, Sge, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    QpAttrMask, QpState, QpType, SendFlags, Sge, WcExFlags, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
+pub use softverbs_nic::ordering::{OrderingObserver, ScrambledPiece};
 pub use softverbs_nic::wr::SendOp;
 pub use softverbs_nic::{Error, GRH_LEN};
+
+/// Seed 000's compact completion records: the layout of [`CompletionQueue::poll_ex`]'s
+/// output and its `get_offsetof*`, `get*` and `get_size` helpers.
+pub use softverbs_nic::compact;
 
 /// `Result` with the verbs [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -59,6 +59,26 @@ impl ProtectionDomain {
         })
     }
 
+    /// `ibv_reg_mr_iova2`: registers `buf`, addressed by peers as `iova` (ignored with
+    /// `ZERO_BASED`), with `access` as the raw `unsigned int` of the C call.
+    ///
+    /// Optional bits (20..=29, [`AccessFlags::OPTIONAL_RANGE`]) are hints: those the device
+    /// implements take effect (softverbs implements
+    /// [`RELAXED_ORDERING`](AccessFlags::RELAXED_ORDERING)), the others are dropped silently;
+    /// [`MemoryRegion::access`] reports what took effect. Unknown bits outside that range are
+    /// `Error::InvalidArgument` (EINVAL), as in [`reg_mr`](Self::reg_mr).
+    ///
+    /// A relaxed-ordering region may receive a message's bytes in any order: read it after
+    /// the completion, not by polling its last byte (see [`softverbs::nic::ordering`](crate::nic::ordering)).
+    pub fn reg_mr_iova2<'a>(
+        &self,
+        buf: &'a mut [u8],
+        iova: u64,
+        access: u32,
+    ) -> Result<MemoryRegion<'a>> {
+        self.reg_mr_iova(buf, iova, AccessFlags::from_bits_retain(access))
+    }
+
     /// Registers raw memory, as C programs do.
     ///
     /// # Safety
@@ -173,7 +193,9 @@ impl MemoryRegion<'_> {
     pub fn is_empty(&self) -> bool {
         self.mr.is_empty()
     }
-    /// The access rights that took effect.
+    /// The access rights that took effect: the requested ones minus optional bits the
+    /// device does not implement (so [`RELAXED_ORDERING`](AccessFlags::RELAXED_ORDERING)
+    /// stays when asked for).
     pub fn access(&self) -> AccessFlags {
         self.mr.access()
     }
@@ -230,7 +252,8 @@ impl MemoryRegion<'_> {
     }
 
     /// Reads one byte with acquire ordering: spin on the last byte of a buffer to learn that
-    /// a SEND or RDMA WRITE has landed whole.
+    /// a SEND or RDMA WRITE has landed whole. That holds for strict regions only: a
+    /// `RELAXED_ORDERING` region's last byte may land first, so wait for the completion.
     pub fn load_u8(&self, offset: usize) -> Result<u8> {
         self.check(offset, 1)?;
         // SAFETY: in bounds; the NIC stores final bytes atomically.

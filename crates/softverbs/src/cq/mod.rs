@@ -1,4 +1,16 @@
 //! Completion queues, completions and completion channels.
+//!
+//! One CQ ring, four ways to read it: [`CompletionQueue::poll`] copies whole completions out
+//! (`ibv_poll_cq`); [`CompletionQueue::poll_ex`] writes the seed's compact records holding only
+//! the fields the CQ was created with; [`CompletionQueue::start_poll`] is a cursor reading the
+//! ring in place field by field (`ibv_start_poll`); and [`TypedCompletionQueue`] is that cursor
+//! with the field set in the type, so reading a field the CQ does not return fails to compile.
+
+mod cursor;
+mod ex;
+
+pub use cursor::{Cursor, TypedCompletionQueue, TypedCursor, fields};
+pub use ex::{CqInitAttrEx, CreateCqFlags, PollCqExAttr, cq_init_attr_mask};
 
 use crate::{Error, Result, WcFlags, WcOpcode, WcStatus};
 use rustix::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
