@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Keys: `name`, `link` (`eth`|`ib`), `mtu` (256..4096), `gid` (IPv6 text), `lid`,
-//! `guid` (hex), `ts_bits` (completion timestamp width, 1..64), and the limits `max_qp`,
+//! `guid` (hex), `ts_bits` (completion timestamp width, 1..64), `ordering_check` (`0`/`1`:
+//! scramble placement into relaxed-ordering MRs, see [`DeviceConfig::ordering_check`]), and
+//! the limits `max_qp`,
 //! `max_qp_wr`, `max_sge`, `max_cq`, `max_cqe`, `max_mr`, `max_mr_size`, `max_pd`,
 //! `max_qp_rd_atom`, `max_srq`, `max_srq_wr`, `max_srq_sge`, `max_ah`, `max_inline_data`.
 
@@ -71,6 +73,11 @@ pub struct DeviceConfig {
     pub node_guid: u64,
     /// Width of the device clock in bits (`completion_timestamp_mask`).
     pub timestamp_bits: u32,
+    /// The ordering check: writes into this device's relaxed-ordering MRs are placed in
+    /// pieces in a scrambled order, final piece first, so a program that polls the last byte
+    /// instead of waiting for the completion sees torn data in testing. Strict MRs are never
+    /// scrambled. Off by default.
+    pub ordering_check: bool,
     pub limits: Limits,
 }
 
@@ -89,6 +96,7 @@ impl Default for DeviceConfig {
             lid: 0,
             node_guid: 0x0250_56ff_fe00_0001,
             timestamp_bits: 48,
+            ordering_check: false,
             limits: Limits::default(),
         }
     }
@@ -179,6 +187,13 @@ impl DeviceConfig {
                     .map_err(|_| bad("expected hex"))?
             }
             "ts_bits" => self.timestamp_bits = n32(value)?,
+            "ordering_check" => {
+                self.ordering_check = match value {
+                    "1" | "on" | "true" | "yes" => true,
+                    "0" | "off" | "false" | "no" => false,
+                    _ => return Err(bad("expected 0 or 1")),
+                }
+            }
             "max_qp" => l.max_qp = n32(value)?,
             "max_qp_wr" => l.max_qp_wr = n32(value)?,
             "max_sge" => l.max_sge = n32(value)?,
@@ -257,6 +272,17 @@ mod tests {
     }
 
     #[test]
+    fn ordering_check_is_off_unless_asked() {
+        let v =
+            DeviceConfig::parse_list("name=a;name=b,ordering_check=1;name=c,ordering_check=off")
+                .unwrap();
+        assert_eq!(
+            v.iter().map(|c| c.ordering_check).collect::<Vec<_>>(),
+            [false, true, false]
+        );
+    }
+
+    #[test]
     fn rejects_bad_input() {
         for bad in [
             "mtu=1500",
@@ -268,6 +294,7 @@ mod tests {
             "gid=zz",
             "ts_bits=65",
             "max_qp=99999999999",
+            "ordering_check=2",
         ] {
             assert!(
                 matches!(DeviceConfig::parse_list(bad), Err(Error::Config(_))),

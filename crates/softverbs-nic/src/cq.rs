@@ -217,6 +217,7 @@ impl Cq {
     ///
     /// `retire(qpn, wqe_seq)` is called for every send-side completion polled, so the QP can
     /// free its send-queue slots the way hardware does: when the completion is consumed.
+    #[allow(clippy::too_many_arguments)] // one call site, each argument a different part
     pub(crate) fn new(
         id: u32,
         cqe: u32,
@@ -476,7 +477,7 @@ impl Cursor<'_> {
 
     /// Moves to the next completion; false (`ENOENT`) when there is none.
     #[inline]
-    pub fn next(&mut self) -> bool {
+    pub fn advance(&mut self) -> bool {
         if !self.held.advance() {
             return false;
         }

@@ -137,6 +137,8 @@ pub struct Device {
     contexts: Mutex<Vec<Weak<AsyncQueue>>>,
     /// QPs of other processes this process has mapped.
     pub(crate) peers: crate::peer::Peers,
+    /// Called for each scrambled piece this device places (the ordering check).
+    ordering_observer: Mutex<Option<crate::ordering::OrderingObserver>>,
 }
 
 struct QpNumbers {
@@ -172,7 +174,7 @@ impl Device {
             .trailing_zeros();
         let slots = 1usize << bits;
         Ok(Arc::new(Device {
-            keys: KeyTable::new(config.limits.max_mr)?,
+            keys: KeyTable::new(config.limits.max_mr)?.with_ordering_check(config.ordering_check),
             clock: Clock::new(config.timestamp_bits),
             progress: Progress::default(),
             qps: RwLock::new(HashMap::new()),
@@ -187,6 +189,7 @@ impl Device {
             port_state: AtomicU32::new(PortState::Active as u32),
             contexts: Mutex::new(Vec::new()),
             peers: Default::default(),
+            ordering_observer: Mutex::new(None),
             config,
         }))
     }
@@ -359,6 +362,26 @@ impl Device {
     /// True while the port is ACTIVE.
     pub fn port_active(&self) -> bool {
         self.port_state.load(Ordering::Acquire) == PortState::Active as u32
+    }
+
+    /// Sets (or with `None` clears) the observer of the ordering check: it is called after
+    /// each scrambled piece this device places (into relaxed MRs of devices with
+    /// `ordering_check` on), before the next piece, on the placing thread. Meant for tests
+    /// that look at a relaxed MR's torn state deterministically; a slow observer slows the
+    /// data path.
+    pub fn set_ordering_observer(&self, observer: Option<crate::ordering::OrderingObserver>) {
+        *self
+            .ordering_observer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = observer;
+    }
+
+    /// The observer of scrambled placement, if one is set.
+    pub(crate) fn ordering_observer(&self) -> Option<crate::ordering::OrderingObserver> {
+        self.ordering_observer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Takes the port down or brings it up, telling every open context (`PORT_ERR` /

@@ -11,6 +11,7 @@ use crate::cq::Cqe;
 use crate::device::{Device, MAX_MSG_SIZE};
 use crate::keys::{KeyError, KeyTable, Pin};
 use crate::mem::{self, AtomicOp, Span};
+use crate::ordering::Placement;
 use crate::peer::RemoteQp;
 use crate::qp::{Outcome, Qp, SendState};
 use crate::rq::RecvWqe;
@@ -146,6 +147,18 @@ struct Spans<'k> {
     spans: Vec<Span>,
     _pins: Vec<Pin<'k>>,
     len: u64,
+}
+
+impl Spans<'_> {
+    /// How data is placed into these spans: strict if any pinned registration is strict
+    /// (inline bytes and empty lists are never written into, so strict is moot there).
+    fn placement(&self) -> Placement {
+        self._pins
+            .iter()
+            .map(Pin::placement)
+            .min()
+            .unwrap_or(Placement::Strict)
+    }
 }
 
 /// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable.
@@ -316,12 +329,14 @@ impl Qp {
                     },
                     None => None,
                 };
-                if let Some((_pin, dst)) = &remote {
+                if let Some((pin, dst)) = &remote {
                     // SAFETY: local sources are pinned registrations or inline bytes we own;
                     // the destination was checked against the responder's key table and is
                     // pinned (and, for a peer, mapped or reached by cross-memory attach).
-                    if unsafe { mem::copy_ordered(&local.spans, std::slice::from_ref(dst)) }
-                        .is_err()
+                    if unsafe {
+                        self.place(&local.spans, std::slice::from_ref(dst), pin.placement())
+                    }
+                    .is_err()
                     {
                         return self.remote_error(&target, WcStatus::RemOpErr, None, len);
                     }
@@ -356,8 +371,10 @@ impl Qp {
                     // SAFETY: the source is pinned in the responder's registration with
                     // REMOTE_READ; the destinations are pinned local registrations with
                     // LOCAL_WRITE.
-                    if unsafe { mem::copy_ordered(std::slice::from_ref(&src), &local.spans) }
-                        .is_err()
+                    if unsafe {
+                        self.place(std::slice::from_ref(&src), &local.spans, local.placement())
+                    }
+                    .is_err()
                     {
                         return self.remote_error(&target, WcStatus::RemOpErr, None, len);
                     }
@@ -435,6 +452,22 @@ impl Qp {
         // 8 bytes (checked at post); all local, so the copy cannot fail.
         let _ = unsafe { mem::copy_ordered(&[Span::of(&bytes)], &local.spans) };
         Outcome::Done(WcStatus::Success, 8)
+    }
+
+    /// Copies a message the way its destination asks (strict, relaxed or scrambled by the
+    /// ordering check, which reports each piece to this device's observer). All of it is
+    /// placed on return, before the work request completes and before the QP's next work
+    /// request executes: relaxed data never passes a later atomic or completion.
+    ///
+    /// # Safety
+    /// As for `mem::copy_ordered`.
+    unsafe fn place(&self, src: &[Span], dst: &[Span], placement: Placement) -> Result<usize, i32> {
+        let observer = match placement {
+            Placement::Scrambled => self.dev.ordering_observer(),
+            _ => None,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { mem::copy_placed(src, dst, placement, observer.as_deref()) }
     }
 
     /// RC: no receive posted means an RNR NAK; UC: the message is dropped.
@@ -522,7 +555,7 @@ impl Qp {
         }
         // SAFETY: sources are pinned local registrations, inline bytes or the GRH buffer; the
         // destinations are the receiver's registrations, checked with LOCAL_WRITE and pinned.
-        if unsafe { mem::copy_ordered(&sources, &dst.spans) }.is_err() {
+        if unsafe { self.place(&sources, &dst.spans, dst.placement()) }.is_err() {
             return fail(WcStatus::LocAccessErr, WcStatus::RemOpErr);
         }
         target.push_recv(Cqe {

@@ -6,6 +6,7 @@
 //! whole access even if the owner deregisters concurrently.
 
 use crate::error::{Error, Result};
+use crate::ordering::Placement;
 use crate::shm::{Segment, ShmPlain};
 use crate::types::AccessFlags;
 use std::sync::Mutex;
@@ -35,7 +36,9 @@ pub struct KeyEntry {
     /// Where a peer process can map the bytes: the owner's `memfd` descriptor + 1 (0: the
     /// bytes are in plain process memory), its inode, and the offset of `addr` in it.
     mem_fd: AtomicU32,
-    _pad: AtomicU32,
+    /// How peers place data into the region ([`Placement`] as a number; 0 is strict, so a
+    /// table written before this field existed reads as all-strict).
+    placement: AtomicU32,
     mem_ino: AtomicU64,
     mem_off: AtomicU64,
 }
@@ -83,6 +86,8 @@ pub struct KeyTable {
     seg: Segment,
     capacity: u32,
     free: Mutex<Vec<u32>>,
+    /// The device's ordering check: relaxed regions registered here are scrambled.
+    ordering_check: bool,
 }
 
 /// A pinned range of a region: its bytes stay registered until this is dropped.
@@ -103,6 +108,11 @@ impl Pin<'_> {
             ino: e.mem_ino.load(Ordering::Relaxed),
             offset: e.mem_off.load(Ordering::Relaxed) + (self.host as u64 - base),
         })
+    }
+
+    /// How data is to be placed into the pinned region.
+    pub fn placement(&self) -> Placement {
+        Placement::from_raw(self.entry.placement.load(Ordering::Relaxed))
     }
 }
 
@@ -134,6 +144,7 @@ impl KeyTable {
             seg,
             capacity,
             free: Mutex::new(free),
+            ordering_check: false,
         })
     }
 
@@ -160,7 +171,16 @@ impl KeyTable {
             seg,
             capacity,
             free: Mutex::new(Vec::new()),
+            ordering_check: false,
         })
+    }
+
+    /// Turns the ordering check on or off for regions registered from now on: relaxed
+    /// regions are then marked for scrambled placement, which every peer placing into them
+    /// reads from the shared entry.
+    pub fn with_ordering_check(mut self, on: bool) -> KeyTable {
+        self.ordering_check = on;
+        self
     }
 
     /// The segment holding the table.
@@ -210,6 +230,12 @@ impl KeyTable {
         e.mem_ino.store(b.map_or(0, |b| b.ino), Ordering::Relaxed);
         e.mem_off
             .store(b.map_or(0, |b| b.offset), Ordering::Relaxed);
+        let placement = match access.contains(AccessFlags::RELAXED_ORDERING) {
+            false => Placement::Strict,
+            true if self.ordering_check => Placement::Scrambled,
+            true => Placement::Relaxed,
+        };
+        e.placement.store(placement.to_raw(), Ordering::Relaxed);
         e.state.store(VALID, Ordering::Release);
         Ok(key)
     }

@@ -9,6 +9,7 @@
 //! system call costs about as much as a whole same-host operation through a mapping, so
 //! mapped memory is the fast path and cross-memory attach the fallback.
 
+use crate::ordering::{self, Placement, ScrambledPiece};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 
 /// A range of bytes: in this process (`pid` 0), or in process `pid`'s address space.
@@ -103,6 +104,71 @@ pub(crate) unsafe fn copy_ordered(src: &[Span], dst: &[Span]) -> Result<usize, i
     fence(Ordering::Release);
     walk.run(src, dst, 1, |s, d, n| unsafe { piece(s, d, n, true) })?;
     Ok(total)
+}
+
+/// Copies like [`copy_ordered`], in the order `placement` asks for: strict (final byte last),
+/// relaxed (one plain copy, any order) or scrambled (the ordering check: pieces in a scrambled
+/// order, final piece first, `observer` called after each piece). Whatever the order, every
+/// byte is placed when this returns, so the completion that follows covers all of them.
+///
+/// # Safety
+/// As for [`copy_ordered`].
+pub(crate) unsafe fn copy_placed(
+    src: &[Span],
+    dst: &[Span],
+    placement: Placement,
+    observer: Option<&(dyn Fn(&ScrambledPiece) + Send + Sync)>,
+) -> Result<usize, i32> {
+    let total = src
+        .iter()
+        .map(|s| s.len)
+        .sum::<usize>()
+        .min(dst.iter().map(|s| s.len).sum());
+    match placement {
+        // SAFETY: forwarded from the caller.
+        Placement::Strict => unsafe { copy_ordered(src, dst) },
+        Placement::Relaxed => {
+            // SAFETY: forwarded from the caller.
+            Walk::default().run(src, dst, total, |s, d, n| unsafe { piece(s, d, n, false) })?;
+            Ok(total)
+        }
+        Placement::Scrambled => {
+            let len = ordering::piece_len(total);
+            let pieces = total.div_ceil(len);
+            for (step, index) in ordering::scrambled_order(pieces, ordering::next_seed())
+                .into_iter()
+                .enumerate()
+            {
+                let offset = index * len;
+                let n = len.min(total - offset);
+                let mut walk = Walk::default();
+                walk.run(src, dst, offset, |_, _, _| Ok(()))?;
+                if offset + n == total {
+                    // The final piece still publishes its last byte with release ordering, so
+                    // a poller that acquires it sees exactly this piece: torn, as intended,
+                    // but never a data race on the byte it polls.
+                    // SAFETY: forwarded from the caller.
+                    walk.run(src, dst, n - 1, |s, d, k| unsafe { piece(s, d, k, false) })?;
+                    fence(Ordering::Release);
+                    // SAFETY: forwarded from the caller.
+                    walk.run(src, dst, 1, |s, d, k| unsafe { piece(s, d, k, true) })?;
+                } else {
+                    // SAFETY: forwarded from the caller.
+                    walk.run(src, dst, n, |s, d, k| unsafe { piece(s, d, k, false) })?;
+                }
+                if let Some(observe) = observer {
+                    observe(&ScrambledPiece {
+                        step,
+                        pieces,
+                        offset,
+                        len: n,
+                        message_len: total,
+                    });
+                }
+            }
+            Ok(total)
+        }
+    }
 }
 
 /// Position in a gather list and a scatter list walked in step.
@@ -242,6 +308,68 @@ mod tests {
             prop_assert_eq!(&dst[..n], &data[..n]);
             prop_assert!(dst[n..].iter().all(|&b| b == 0xAA));
         }
+    }
+
+    proptest! {
+        #[test]
+        fn every_placement_copies_the_same_bytes(
+            data in proptest::collection::vec(any::<u8>(), 0..300),
+            dst_len in 0usize..300,
+            mut src_cuts in proptest::collection::vec(0usize..300, 0..5),
+            mut dst_cuts in proptest::collection::vec(0usize..300, 0..5),
+        ) {
+            src_cuts.sort();
+            dst_cuts.sort();
+            for placement in [Placement::Strict, Placement::Relaxed, Placement::Scrambled] {
+                let mut src = data.clone();
+                let mut dst = vec![0xAAu8; dst_len];
+                let s = spans(&mut src, &src_cuts);
+                let d = spans(&mut dst, &dst_cuts);
+                // SAFETY: spans cover live local vectors.
+                let n = unsafe { copy_placed(&s, &d, placement, None) }.unwrap();
+                let expect = data.len().min(dst_len);
+                prop_assert_eq!(n, expect);
+                prop_assert_eq!(&dst[..n], &data[..n]);
+                prop_assert!(dst[n..].iter().all(|&b| b == 0xAA));
+            }
+        }
+    }
+
+    #[test]
+    fn scrambled_placement_lands_the_final_piece_first() {
+        let data = pattern_bytes(1000);
+        let mut dst = vec![0u8; 1000];
+        let base = dst.as_mut_ptr() as usize;
+        let seen = std::sync::Mutex::new(Vec::new());
+        let observe = |p: &ScrambledPiece| {
+            // SAFETY: the copy is paused in this callback; `dst` is live and only read here.
+            let now = unsafe { std::slice::from_raw_parts(base as *const u8, 1000) }.to_vec();
+            seen.lock().unwrap().push((*p, now));
+        };
+        let src = [Span::of(&data)];
+        let to = [Span::local(base, 400), Span::local(base + 400, 600)];
+        // SAFETY: spans cover live local vectors.
+        let n = unsafe { copy_placed(&src, &to, Placement::Scrambled, Some(&observe)) };
+        assert_eq!(n, Ok(1000));
+        assert_eq!(dst, data);
+        let seen = seen.into_inner().unwrap();
+        let (first, after_first) = &seen[0];
+        assert_eq!(first.step, 0);
+        assert_eq!(first.offset + first.len, 1000, "final piece placed first");
+        assert_eq!(after_first[999], data[999]);
+        assert!(
+            after_first[..first.offset].iter().all(|&b| b == 0),
+            "rest not yet placed"
+        );
+        let mut offsets: Vec<usize> = seen.iter().map(|(p, _)| p.offset).collect();
+        assert_ne!(
+            offsets.windows(2).filter(|w| w[0] < w[1]).count(),
+            offsets.len() - 1
+        );
+        offsets.sort_unstable();
+        assert_eq!(offsets.len(), first.pieces);
+        let piece = ordering::piece_len(1000);
+        assert!(offsets.windows(2).all(|w| w[1] - w[0] == piece));
     }
 
     #[test]

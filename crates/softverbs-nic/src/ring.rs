@@ -349,6 +349,62 @@ mod tests {
     }
 
     #[test]
+    fn in_place_holds_its_slot_until_it_moves_on() {
+        let r = std::sync::Arc::new(Ring::new("t", 2, 24).unwrap());
+        assert!(InPlace::<[u64; 3]>::start(r.clone()).is_none());
+        r.push(&[1u64; 3]).unwrap();
+        r.push(&[2u64; 3]).unwrap();
+        let mut c = InPlace::<[u64; 3]>::start(r.clone()).unwrap();
+        assert_eq!(c.get(), &[1; 3]);
+        // The held slot is not free yet: the ring (capacity 2) is still full.
+        assert!(r.push(&[3u64; 3]).is_err());
+        assert!(c.advance());
+        assert_eq!(c.get(), &[2; 3]);
+        r.push(&[3u64; 3]).unwrap();
+        assert!(c.advance());
+        // Empty: advance fails and keeps the last entry readable.
+        assert!(!c.advance());
+        assert_eq!(c.get(), &[3; 3]);
+        drop(c);
+        for i in 4..6u64 {
+            r.push(&[i; 3]).unwrap();
+        }
+        assert_eq!(r.pop::<[u64; 3]>(), Some([4; 3]));
+    }
+
+    #[test]
+    fn in_place_readers_and_producers_lose_nothing() {
+        let r = std::sync::Arc::new(Ring::new("t", 8, 24).unwrap());
+        const N: u64 = 20_000;
+        let prod = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                for i in 0..N {
+                    while r.push(&[i, i * 2, i * 3]).is_err() {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+        };
+        let mut next = 0u64;
+        while next < N {
+            let Some(mut c) = InPlace::<[u64; 3]>::start(r.clone()) else {
+                continue;
+            };
+            loop {
+                let v = *c.get();
+                assert_eq!(v, [next, next * 2, next * 3]);
+                next += 1;
+                if next % 7 == 0 || !c.advance() {
+                    break;
+                }
+            }
+        }
+        prod.join().unwrap();
+        assert!(r.is_empty());
+    }
+
+    #[test]
     fn header_and_items() {
         let r = Ring::new("t", 2, 8 + 3 * 24).unwrap();
         r.push_slice(&[2u64, 0, 0], &[[1u64, 2, 3], [4, 5, 6]])

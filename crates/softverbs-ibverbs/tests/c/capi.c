@@ -351,6 +351,16 @@ int main(void) {
     /* Bad access flags: remote write without local write. */
     errno = 0;
     CHECK(ibv_reg_mr(pd, a, len, IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL);
+    /* Optional bits: the header routes this ibv_reg_mr through ibv_reg_mr_iova2@IBVERBS_1.8;
+     * unsupported optional bits are dropped, unknown mandatory bits are EINVAL. */
+    struct ibv_mr *ro = ibv_reg_mr(pd, b, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
+    CHECK(ro && ro->addr == b && ibv_dereg_mr(ro) == 0);
+    ro = ibv_reg_mr_iova2(pd, b, len, 0x10000,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING | (1u << 29));
+    CHECK(ro && ro->length == len && ibv_dereg_mr(ro) == 0);
+    errno = 0;
+    CHECK(ibv_reg_mr_iova2(pd, b, len, 0x10000, IBV_ACCESS_LOCAL_WRITE | (1u << 15)) == NULL &&
+          errno == EINVAL);
     int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
               IBV_ACCESS_REMOTE_ATOMIC;
     struct ibv_mr *ma = ibv_reg_mr(pd, a, len, acc), *mb = ibv_reg_mr(pd, b, len, acc);

@@ -77,8 +77,9 @@ impl Cursor<'_> {
     /// `ibv_next_poll`: moves to the next completion; false (`ENOENT`) when there is none, in
     /// which case the cursor must only be ended.
     #[inline]
+    #[allow(clippy::should_implement_trait)] // the verbs name; a cursor is not an iterator
     pub fn next(&mut self) -> bool {
-        self.inner.next()
+        self.inner.advance()
     }
 
     /// `ibv_end_poll`: ends the section (dropping the cursor does the same).
@@ -281,8 +282,9 @@ macro_rules! typed_reader {
 impl<const F: u64> TypedCursor<'_, F> {
     /// `ibv_next_poll`: false (`ENOENT`) when the CQ is empty.
     #[inline(always)]
+    #[allow(clippy::should_implement_trait)] // the verbs name; a cursor is not an iterator
     pub fn next(&mut self) -> bool {
-        self.inner.next()
+        self.inner.advance()
     }
 
     /// `ibv_end_poll` (dropping the cursor does the same).

@@ -16,6 +16,7 @@ mod cleanup;
 mod failure;
 mod one_sided;
 mod rc;
+mod relaxed;
 mod selftest;
 mod srq;
 mod ud_uc;

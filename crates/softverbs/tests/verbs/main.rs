@@ -9,6 +9,7 @@ mod device;
 mod errors;
 mod ordering;
 mod rc;
+mod relaxed;
 mod srq;
 mod state;
 mod ud_uc;
