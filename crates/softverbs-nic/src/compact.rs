@@ -76,16 +76,19 @@ const fn popcount(x: u64) -> usize {
 }
 
 /// `ibv_wc_ex_get_offsetof64`: offset of 64-bit field `flag` after the header.
+#[inline]
 pub const fn get_offsetof64(cq_flags: u64, flag: u64) -> usize {
     popcount(cq_flags & FIELDS_64 & flag.wrapping_sub(1)) * 8
 }
 
 /// `ibv_wc_ex_get_offsetof32`.
+#[inline]
 pub const fn get_offsetof32(cq_flags: u64, flag: u64) -> usize {
     popcount(cq_flags & FIELDS_64) * 8 + popcount(cq_flags & FIELDS_32 & flag.wrapping_sub(1)) * 4
 }
 
 /// `ibv_wc_ex_get_offsetof16`.
+#[inline]
 pub const fn get_offsetof16(cq_flags: u64, flag: u64) -> usize {
     popcount(cq_flags & FIELDS_64) * 8
         + popcount(cq_flags & FIELDS_32) * 4
@@ -93,6 +96,7 @@ pub const fn get_offsetof16(cq_flags: u64, flag: u64) -> usize {
 }
 
 /// `ibv_wc_ex_get_offsetof8`.
+#[inline]
 pub const fn get_offsetof8(cq_flags: u64, flag: u64) -> usize {
     popcount(cq_flags & FIELDS_64) * 8
         + popcount(cq_flags & FIELDS_32) * 4
@@ -101,6 +105,7 @@ pub const fn get_offsetof8(cq_flags: u64, flag: u64) -> usize {
 }
 
 /// `ibv_wc_ex_get_size`: bytes of one record, header included.
+#[inline]
 pub const fn get_size(cq_flags: u64) -> usize {
     let fields = popcount(cq_flags & FIELDS_64) * 8
         + popcount(cq_flags & FIELDS_32) * 4
@@ -165,9 +170,10 @@ const RECV_ONLY: u64 = SeedWcFlags::WITH_IMM.bits()
 const ON_ERROR: u64 = SeedWcFlags::WITH_QP_NUM.bits() | FIELDS_64;
 
 impl Layout {
-    /// The layout for CQ creation flags `flags` (output-only bits are ignored).
+    /// The layout for CQ creation flags `flags` (output-only bits, and bits that name no
+    /// field, are ignored: a record's header never claims a field the record lacks).
     pub fn new(flags: SeedWcFlags) -> Layout {
-        let f = flags.bits() & !OUTPUT_FLAGS;
+        let f = flags.bits() & (FIELDS_64 | FIELDS_32 | FIELDS_16 | FIELDS_8);
         let at = |present: u64, off: usize| {
             if f & present != 0 {
                 HEADER_LEN + off
@@ -234,6 +240,12 @@ impl Layout {
     #[inline]
     pub fn fill(&self, rec: &mut [u8], cqe: &Cqe, wall: Option<&WallClock>) {
         let rec = &mut rec[..self.size];
+        // Padding up to the 8-byte boundary: zero, so records never leak older bytes. One
+        // 8-byte store over the record's last word (fields written below overwrite their
+        // part of it) instead of a variable-length fill.
+        if self.used < self.size {
+            rec[self.size - 8..].copy_from_slice(&[0; 8]);
+        }
         let mut valid = self.flags;
         if cqe.status != 0 {
             valid &= ON_ERROR;
@@ -261,8 +273,6 @@ impl Layout {
         put(rec, self.slid, cqe.slid.to_ne_bytes());
         put(rec, self.sl, [cqe.sl]);
         put(rec, self.dlid_path_bits, [cqe.dlid_path_bits]);
-        // Padding up to the 8-byte boundary: zero, so records never leak older bytes.
-        rec[self.used..].fill(0);
     }
 }
 
@@ -275,6 +285,7 @@ fn put<const N: usize>(rec: &mut [u8], off: usize, bytes: [u8; N]) {
 }
 
 /// The header of the record at the start of `rec` (zeros where `rec` is short).
+#[inline]
 pub fn header(rec: &[u8]) -> WcExHeader {
     WcExHeader {
         wr_id: u64::from_ne_bytes(read(rec, 0)),
@@ -287,6 +298,7 @@ pub fn header(rec: &[u8]) -> WcExHeader {
 }
 
 /// `N` bytes at `off` of `rec` (zeros when out of range, so a short record is never a panic).
+#[inline]
 fn read<const N: usize>(rec: &[u8], off: usize) -> [u8; N] {
     rec.get(off..off.wrapping_add(N))
         .and_then(|b| b.try_into().ok())
@@ -295,21 +307,25 @@ fn read<const N: usize>(rec: &[u8], off: usize) -> [u8; N] {
 
 /// `ibv_wc_ex_get64`: 64-bit field `flag` of the record `rec` from a CQ created with
 /// `cq_flags`.
+#[inline]
 pub fn get64(rec: &[u8], cq_flags: u64, flag: u64) -> u64 {
     u64::from_ne_bytes(read(rec, HEADER_LEN + get_offsetof64(cq_flags, flag)))
 }
 
 /// `ibv_wc_ex_get32`.
+#[inline]
 pub fn get32(rec: &[u8], cq_flags: u64, flag: u64) -> u32 {
     u32::from_ne_bytes(read(rec, HEADER_LEN + get_offsetof32(cq_flags, flag)))
 }
 
 /// `ibv_wc_ex_get16`.
+#[inline]
 pub fn get16(rec: &[u8], cq_flags: u64, flag: u64) -> u16 {
     u16::from_ne_bytes(read(rec, HEADER_LEN + get_offsetof16(cq_flags, flag)))
 }
 
 /// `ibv_wc_ex_get8`.
+#[inline]
 pub fn get8(rec: &[u8], cq_flags: u64, flag: u64) -> u8 {
     read::<1>(rec, HEADER_LEN + get_offsetof8(cq_flags, flag))[0]
 }

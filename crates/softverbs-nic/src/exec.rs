@@ -291,7 +291,7 @@ impl Qp {
         let acc_err = Some(AsyncEventType::QpAccessErr);
         match w.op {
             SendOp::Send | SendOp::SendWithImm { .. } => {
-                self.deliver_send(&target, w, &local.spans, len, None)
+                self.deliver_send(&target, w, &local.spans, len, None, st.attr.ah_attr.sl)
             }
             SendOp::RdmaWrite { remote_addr, rkey }
             | SendOp::RdmaWriteWithImm {
@@ -349,7 +349,7 @@ impl Qp {
                         byte_len: len as u32,
                         imm_data: imm,
                         wc_flags: WcFlags::WITH_IMM.bits() as u8,
-                        ..self.recv_cqe_base(&target, w)
+                        ..self.recv_cqe_base(&target, w, st.attr.ah_attr.sl)
                     });
                 }
                 Outcome::Done(WcStatus::Success, len as u32)
@@ -478,7 +478,9 @@ impl Qp {
         }
     }
 
-    fn recv_cqe_base(&self, target: &Target, w: &SendWqe<'_>) -> Cqe {
+    /// What every receive completion of `w` carries; `sl` is the service level the message
+    /// travelled on (the QP's path for RC/UC, the address handle's for UD).
+    fn recv_cqe_base(&self, target: &Target, w: &SendWqe<'_>, sl: u8) -> Cqe {
         let lid = match self.dev.config.link_layer {
             LinkLayer::InfiniBand => self.dev.config.lid,
             LinkLayer::Ethernet => 0,
@@ -487,6 +489,7 @@ impl Qp {
             qp_num: target.qpn(),
             src_qp: self.qpn,
             slid: lid,
+            sl,
             solicited: u8::from(w.flags.contains(SendFlags::SOLICITED)),
             ..Cqe::default()
         }
@@ -500,6 +503,7 @@ impl Qp {
         src: &[Span],
         len: u64,
         grh: Option<(&[u8; GRH_LEN], bool)>,
+        sl: u8,
     ) -> Outcome {
         let Some(r) = target.take_recv() else {
             return self.no_receive(target, len);
@@ -508,7 +512,7 @@ impl Qp {
             Some(imm) => (WcFlags::WITH_IMM, imm),
             None => (WcFlags::empty(), 0),
         };
-        let base = self.recv_cqe_base(target, w);
+        let base = self.recv_cqe_base(target, w, sl);
         // The receiver's failure: its receive completes in error; RC and UC responders go to
         // ERR (UD ones do not), and an RC requester learns `status`.
         let fail = |recv_status: WcStatus, status: WcStatus| {
@@ -603,7 +607,14 @@ impl Qp {
         }
         let present = ud.ah.attr.grh.is_some() || self.dev.config.link_layer == LinkLayer::Ethernet;
         let grh = build_grh(self.dev.config.gid, target.gid(), &ud.ah.attr, len);
-        self.deliver_send(&target, w, &local.spans, len, Some((&grh, present)))
+        self.deliver_send(
+            &target,
+            w,
+            &local.spans,
+            len,
+            Some((&grh, present)),
+            ud.ah.attr.sl,
+        )
     }
 }
 
