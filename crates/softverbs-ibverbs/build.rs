@@ -1,5 +1,5 @@
-//! Generates, from `symbols.txt`, the linker version script (`IBVERBS_1.0` … and
-//! `IBVERBS_PRIVATE_34`), the stubs for entry points softverbs does not implement, and the
+//! Generates, from `symbols.txt`, the linker version script (`IBVERBS_1.0` …,
+//! `IBVERBS_PRIVATE_34` and softverbs' own `SOFTVERBS_1.0`), the stubs for entry points softverbs does not implement, and the
 //! `.symver` directives that bind each implementation to its versioned name.
 
 use std::collections::BTreeMap;
@@ -22,6 +22,9 @@ const NODES: &[&str] = &[
     "IBVERBS_1.14",
 ];
 const PRIVATE: &str = "IBVERBS_PRIVATE_34";
+/// softverbs' own extensions (`softverbs/verbs_ext.h`): a node of their own that inherits
+/// nothing, so no rdma-core symbol version ever names them.
+const SOFTVERBS: &str = "SOFTVERBS_1.0";
 
 fn main() {
     let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
@@ -43,6 +46,10 @@ fn main() {
             [n, v, "old", k] => (*n, *v, true, *k),
             _ => panic!("symbols.txt: bad line `{line}`"),
         };
+        assert!(
+            NODES.contains(&node) || node == PRIVATE || node == SOFTVERBS,
+            "symbols.txt: unknown version node `{node}` in `{line}`"
+        );
         by_node.entry(node).or_default().push(name);
         let tag = node.replace(['.', '_'], "");
         let local = match kind {
@@ -120,7 +127,7 @@ fn main() {
 
     let mut map = String::new();
     let mut prev: Option<&str> = None;
-    for node in NODES.iter().copied().chain([PRIVATE]) {
+    for node in NODES.iter().copied().chain([PRIVATE, SOFTVERBS]) {
         writeln!(map, "{node} {{\n  global:").unwrap();
         for n in by_node.get(node).map(Vec::as_slice).unwrap_or_default() {
             writeln!(map, "    {n};").unwrap();
@@ -129,7 +136,7 @@ fn main() {
             writeln!(map, "  local: *;").unwrap();
         }
         match prev {
-            Some(p) if node != PRIVATE => writeln!(map, "}} {p};").unwrap(),
+            Some(p) if node != PRIVATE && node != SOFTVERBS => writeln!(map, "}} {p};").unwrap(),
             _ => writeln!(map, "}};").unwrap(),
         }
         prev = Some(node);

@@ -13,6 +13,8 @@
 //! - Completion channels and `async_fd` are the NIC's doorbell pipes reopened through
 //!   `/proc/self/fd` (a new open file description), so `O_NONBLOCK` set by the program
 //!   decides whether `ibv_get_cq_event` / `ibv_get_async_event` wait or fail with `EAGAIN`.
+//! - softverbs' own extensions (`include/softverbs/verbs_ext.h`: the seed's `ibv_poll_cq_ex`
+//!   and its compact records) are in `ext`, exported under the `SOFTVERBS_1.0` version.
 //!
 //! Every `unsafe` block dereferences pointers that the C caller passed and the verbs API
 //! requires to be valid; each says so in its `// SAFETY:` line.
@@ -20,6 +22,7 @@
 #![allow(clippy::missing_safety_doc, non_snake_case)]
 
 mod abi;
+mod ext;
 mod inplace;
 mod verbs;
 

@@ -898,9 +898,24 @@ pub unsafe extern "C" fn sv_ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) 
     0
 }
 
-/// `IBV_WC_EX_WITH_BYTE_LEN` … `IBV_WC_EX_WITH_DLID_PATH_BITS`, `..._COMPLETION_TIMESTAMP` and
-/// `..._COMPLETION_TIMESTAMP_WALLCLOCK`: what a softverbs CQE carries.
-const WC_EX_SUPPORTED: u64 = 0x7f | (1 << 7) | (1 << 11);
+/// The `ibv_cq` pointers handed out and not yet destroyed, so the softverbs extensions (and
+/// `ibv_destroy_cq`) answer EINVAL for a pointer that is not a live CQ instead of reading it.
+fn live_cqs() -> &'static std::sync::RwLock<std::collections::HashSet<usize>> {
+    static LIVE: OnceLock<std::sync::RwLock<std::collections::HashSet<usize>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+/// Runs `f` on the NIC CQ behind `cq` when `cq` is a live CQ of ours; None otherwise (NULL,
+/// destroyed, or not from this library). The CQ cannot be destroyed while `f` runs.
+pub(crate) fn with_live_cq<R>(cq: *mut ibv_cq, f: impl FnOnce(&Cq) -> R) -> Option<R> {
+    let live = live_cqs().read().unwrap_or_else(|e| e.into_inner());
+    if cq.is_null() || !live.contains(&(cq as usize)) {
+        return None;
+    }
+    // SAFETY: a live SvCq of ours; destroying it needs the write lock we keep it from.
+    Some(f(&unsafe { &*(cq as *const SvCq) }.nic))
+}
+
 /// `IBV_CQ_INIT_ATTR_MASK_FLAGS` and `IBV_CQ_INIT_ATTR_MASK_PD`.
 const CQ_INIT_FLAGS: u32 = 1;
 const CQ_INIT_PD: u32 = 1 << 1;
@@ -909,6 +924,9 @@ const CQ_ATTR_SINGLE_THREADED: u32 = 1;
 
 /// Creates a CQ (plain or extended) and records it for events.
 ///
+/// The NIC CQ returns the fields in `wc_flags` (already checked against
+/// `WcExFlags::SUPPORTED`), which also fix its compact-record layout for `ibv_poll_cq_ex`.
+///
 /// # Safety
 /// `ctx` must be a context of ours and `channel` NULL or a channel of ours.
 unsafe fn create_cq(
@@ -916,6 +934,7 @@ unsafe fn create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
+    wc_flags: softverbs_nic::types::WcExFlags,
 ) -> *mut SvCq {
     if ctx.is_null() || cqe < 1 {
         return inval();
@@ -928,7 +947,7 @@ unsafe fn create_cq(
     };
     // SAFETY: a context of ours.
     let sv_ctx = unsafe { ctx_of(ctx) };
-    let nic = match sv_ctx.nic.create_cq(cqe as u32, nic_ch) {
+    let nic = match sv_ctx.nic.create_cq_ex(cqe as u32, nic_ch, wc_flags) {
         Ok(c) => c,
         Err(e) => return null(e),
     };
@@ -977,6 +996,10 @@ unsafe fn create_cq(
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, b as usize);
     Registry::set(&sv_ctx.reg.cqs, id, b as usize);
+    live_cqs()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(b as usize);
     if !channel.is_null() {
         // SAFETY: a channel of ours.
         unsafe { (*channel).refcnt += 1 };
@@ -993,7 +1016,15 @@ pub unsafe extern "C" fn sv_ibv_create_cq(
     _comp_vector: c_int,
 ) -> *mut ibv_cq {
     // SAFETY: forwarded caller arguments.
-    unsafe { create_cq(ctx, cqe, cq_context, channel) as *mut ibv_cq }
+    unsafe {
+        create_cq(
+            ctx,
+            cqe,
+            cq_context,
+            channel,
+            softverbs_nic::types::WcExFlags::STANDARD,
+        ) as *mut ibv_cq
+    }
 }
 
 /// `verbs_context::create_cq_ex`, reached by the header's inline `ibv_create_cq_ex`.
@@ -1009,7 +1040,8 @@ unsafe extern "C" fn create_cq_ex(
     if a.comp_mask & !(CQ_INIT_FLAGS | CQ_INIT_PD) != 0 {
         return inval();
     }
-    if a.wc_flags & !WC_EX_SUPPORTED != 0
+    let supported = softverbs_nic::types::WcExFlags::SUPPORTED;
+    if a.wc_flags & !supported.bits() != 0
         || (a.comp_mask & CQ_INIT_FLAGS != 0 && a.flags & !CQ_ATTR_SINGLE_THREADED != 0)
         || (a.comp_mask & CQ_INIT_PD != 0 && !a.parent_domain.is_null())
     {
@@ -1019,8 +1051,9 @@ unsafe extern "C" fn create_cq_ex(
     let Ok(cqe) = c_int::try_from(a.cqe) else {
         return inval();
     };
+    let wc_flags = softverbs_nic::types::WcExFlags::from_bits_truncate(a.wc_flags);
     // SAFETY: a context of ours; the channel is the caller's (NULL or ours).
-    unsafe { create_cq(ctx, cqe, a.cq_context, a.channel) as *mut ibv_cq_ex }
+    unsafe { create_cq(ctx, cqe, a.cq_context, a.channel, wc_flags) as *mut ibv_cq_ex }
 }
 
 /// Takes the next completion into the CQ's cursor and its `status` / `wr_id` fields.
@@ -1148,10 +1181,15 @@ unsafe extern "C" fn cqx_read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    if cq.is_null() {
+    // NULL, already destroyed or not ours: EINVAL rather than freeing what we never made.
+    let ours = live_cqs()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(cq as usize));
+    if !ours {
         return EINVAL;
     }
-    // SAFETY: `cq` came from `create_cq` (Box::into_raw of an SvCq).
+    // SAFETY: `cq` came from `create_cq` (Box::into_raw of an SvCq) and was live until now.
     let b = unsafe { Box::from_raw(cq as *mut SvCq) };
     Registry::set(&b.reg.cqs, b.nic.id(), 0);
     cq_map()

@@ -8,8 +8,13 @@
 //! the channel fd, async events (a responder's QP_ACCESS_ERR, an SRQ limit), and bad input
 //! (bad access flags → NULL with EINVAL; a wrong QP transition → EINVAL).
 //!
-//! Needs `cc` and `libibverbs-dev`; without them the test is skipped with a message, except
-//! under `CI=true`, where it fails.
+//! A second C program, `tests/c/poll_cq_ex.c`, uses softverbs' own header
+//! `include/softverbs/verbs_ext.h` and is linked to the drop-in itself (its `ibv_poll_cq_ex`
+//! and `ibv_wc_ex_cq_flags` exist only there): the seed's compact records and layout helpers
+//! over RC SEND, SEND_WITH_IMM, RDMA_WRITE_WITH_IMM and READ for several CQ field sets.
+//!
+//! Needs `cc` and `libibverbs-dev`; without them the tests are skipped with a message, except
+//! under `CI=true`, where they fail.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,25 +41,32 @@ fn dropin() -> Option<PathBuf> {
     .map(|(_, p)| p)
 }
 
-#[test]
-fn c_program_over_the_drop_in() {
+/// Compiles `tests/c/<name>.c` and runs it with the drop-in found first; it must exit 0 and
+/// print "ok". With `link_dropin` the program is linked to the drop-in and compiled with
+/// softverbs' `include/` directory; otherwise to the system's `libibverbs.so`.
+fn run_c_program(name: &str, link_dropin: bool) {
     if !Path::new("/usr/include/infiniband/verbs.h").exists() {
         return missing("/usr/include/infiniband/verbs.h (apt-get install libibverbs-dev)");
     }
     let Some(lib) = dropin() else {
         return missing("the drop-in libibverbs.so (cargo build -p softverbs-ibverbs)");
     };
-    let dir = std::env::temp_dir().join(format!("softverbs-capi-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("softverbs-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/capi.c");
-    let exe = dir.join("capi");
-    let cc = match Command::new("cc")
-        .args(["-O1", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-    {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = manifest.join(format!("tests/c/{name}.c"));
+    let exe = dir.join(name);
+    std::os::unix::fs::symlink(&lib, dir.join("libibverbs.so.1")).unwrap();
+    let mut cc = Command::new("cc");
+    cc.args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src);
+    if link_dropin {
+        std::os::unix::fs::symlink(&lib, dir.join("libibverbs.so")).unwrap();
+        cc.arg("-Wextra")
+            .arg("-Werror")
+            .arg(format!("-I{}", manifest.join("include").display()))
+            .arg(format!("-L{}", dir.display()));
+    }
+    let cc = match cc.arg("-libverbs").output() {
         Ok(o) => o,
         Err(e) => return missing(&format!("a C compiler `cc` ({e})")),
     };
@@ -63,7 +75,6 @@ fn c_program_over_the_drop_in() {
         "cc failed:\n{}",
         String::from_utf8_lossy(&cc.stderr)
     );
-    std::os::unix::fs::symlink(&lib, dir.join("libibverbs.so.1")).unwrap();
     let out = Command::new(&exe)
         .env("LD_LIBRARY_PATH", &dir)
         .env("LD_BIND_NOW", "1")
@@ -78,4 +89,14 @@ fn c_program_over_the_drop_in() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn c_program_over_the_drop_in() {
+    run_c_program("capi", false);
+}
+
+#[test]
+fn c_poll_cq_ex_compact_records() {
+    run_c_program("poll_cq_ex", true);
 }
