@@ -14,6 +14,7 @@
 //! - [`objects`], [`qp`], [`wr`]: contexts, PDs, MRs, AHs, queue pairs, work requests.
 //! - `exec`, `mem`: executing a work request, and the memory accessor that moves bytes.
 //! - [`ordering`]: strict and relaxed placement, and the ordering check.
+//! - [`layout`]: non-contiguous layouts (seed 002): SG, interleaved, page lists, nesting.
 //! - `progress`: the timer thread for RNR and ACK retries.
 
 pub mod clock;
@@ -25,6 +26,7 @@ pub mod error;
 pub mod event;
 mod exec;
 pub mod keys;
+pub mod layout;
 mod mem;
 pub mod objects;
 pub mod ordering;
