@@ -6,6 +6,7 @@
 mod devinfo;
 mod oob;
 mod perf;
+mod perf_cq;
 mod pingpong;
 mod run;
 

@@ -83,6 +83,8 @@ const PONG: u8 = 0x51;
 
 #[derive(clap::Args)]
 pub struct Args {
+    #[command(subcommand)]
+    command: Option<PerfCommand>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -97,6 +99,14 @@ pub struct Args {
     /// Device to use (default: the first device).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEVICE")]
     device: Option<String>,
+}
+
+/// Measurements other than the two-process RDMA figures.
+#[derive(clap::Subcommand)]
+pub enum PerfCommand {
+    /// Nanoseconds per completion polled through each of the four CQ polling APIs (classic,
+    /// compact poll_ex, cursor, typed cursor), beside classic poll.
+    CqPoll(crate::perf_cq::Args),
 }
 
 /// The arguments of the second process, which `perf` starts itself.
@@ -1182,6 +1192,9 @@ fn spawn_peer(port: u16, page: &std::fs::File, device: Option<&str>) -> Result<P
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(PerfCommand::CqPoll(args)) = &args.command {
+        return crate::perf_cq::run(args);
+    }
     let plan = Plan::new(args)?;
     let device = crate::find_device(args.device.as_deref())?;
     device.open()?; // fail early on a device that cannot be opened

@@ -76,3 +76,41 @@ fn pingpong_json_is_one_object_with_the_figures() {
         }
     }
 }
+
+#[test]
+fn perf_cq_poll_json_has_every_api_batch_and_field_set() {
+    let out = softverbs(&["perf", "cq-poll", "--quick", "--json"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["checksums_agree"], true, "{v}");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 4 * 2 * 4, "{v}");
+    let mut seen = std::collections::BTreeSet::new();
+    for r in rows {
+        let api = r["api"].as_str().expect("api");
+        let fields = r["fields"].as_str().expect("fields");
+        let batch = r["batch"].as_u64().expect("batch");
+        assert!(seen.insert((api, fields, batch)), "duplicate row {r}");
+        assert!(r["completions"].as_u64().unwrap_or(0) >= 20_000, "{r}");
+        for key in ["ns_per_completion", "mean_ns_per_completion", "ratio"] {
+            let x = r[key].as_f64().unwrap_or(-1.0);
+            assert!(x > 0.0 && x.is_finite(), "{key} in {r}");
+        }
+        // Timing targets are reported, never asserted (a shared machine is noisy).
+        assert!(r["meets_target"].is_boolean() || api == "classic", "{r}");
+    }
+    for api in ["classic", "compact", "cursor", "typed"] {
+        for fields in ["none", "byte_len", "byte_len+ts", "all"] {
+            for batch in [16, 64] {
+                assert!(
+                    seen.contains(&(api, fields, batch)),
+                    "no {api} {fields} {batch}"
+                );
+            }
+        }
+    }
+}
