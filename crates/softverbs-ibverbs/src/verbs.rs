@@ -1064,7 +1064,7 @@ unsafe fn cqx_take(cq: *mut ibv_cq_ex) -> c_int {
     let sv = cq as *mut SvCq;
     let mut got = None;
     // SAFETY: a CQ of ours; only `nic` is borrowed shared.
-    unsafe { &(*sv).nic }.poll_with(1, |c| got = Some(c));
+    unsafe { &(*sv).nic }.poll_with(1, |c| got = Some(*c));
     let Some(c) = got else {
         return libc::ENOENT;
     };
@@ -1256,7 +1256,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     // SAFETY: a CQ of ours.
     let sv = unsafe { &*(cq as *const SvCq) };
     let mut i = 0usize;
-    sv.nic.poll_with(n as usize, |c: Cqe| {
+    sv.nic.poll_with(n as usize, |c: &Cqe| {
         let out = ibv_wc {
             wr_id: c.wr_id,
             status: c_int::from(c.status),
@@ -1604,6 +1604,9 @@ unsafe fn send_wqe(w: &ibv_send_wr) -> Result<SendWqe<'static>> {
                 rkey: w.wr.atomic.rkey,
                 add: w.wr.atomic.compare_add,
             },
+            // Memory windows are not implemented; the layout bind of seed 002 (the Rust
+            // `SendOp::BindLayout`) has no C opcode yet.
+            WrOpcode::BindMw => return Err(bad("unsupported opcode")),
         }
     };
     let flags = SendFlags::from_bits_retain(w.send_flags);

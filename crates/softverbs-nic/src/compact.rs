@@ -146,7 +146,8 @@ pub struct Layout {
     size: usize,
     /// Header plus fields: the rest of the record is padding.
     used: usize,
-    // Offsets from the record start; `usize::MAX` when the field is absent.
+    // Offsets from the record start. An absent field's offset is 0: it is written into the
+    // header's place, which the header then overwrites, so filling has no per-field branch.
     ts: usize,
     wall: usize,
     byte_len: usize,
@@ -175,11 +176,7 @@ impl Layout {
     pub fn new(flags: SeedWcFlags) -> Layout {
         let f = flags.bits() & (FIELDS_64 | FIELDS_32 | FIELDS_16 | FIELDS_8);
         let at = |present: u64, off: usize| {
-            if f & present != 0 {
-                HEADER_LEN + off
-            } else {
-                usize::MAX
-            }
+            if f & present != 0 { HEADER_LEN + off } else { 0 }
         };
         use SeedWcFlags as S;
         Layout {
@@ -239,29 +236,15 @@ impl Layout {
     /// wall-clock field.
     #[inline]
     pub fn fill(&self, rec: &mut [u8], cqe: &Cqe, wall: Option<&WallClock>) {
-        let rec = &mut rec[..self.size];
+        let Some(rec) = rec.get_mut(..self.size) else {
+            return; // too short: nothing written (poll_compact never passes one)
+        };
         // Padding up to the 8-byte boundary: zero, so records never leak older bytes. One
         // 8-byte store over the record's last word (fields written below overwrite their
         // part of it) instead of a variable-length fill.
         if self.used < self.size {
             rec[self.size - 8..].copy_from_slice(&[0; 8]);
         }
-        let mut valid = self.flags;
-        if cqe.status != 0 {
-            valid &= ON_ERROR;
-        } else if !cqe.is_recv() {
-            valid &= !RECV_ONLY;
-        }
-        put(rec, 0, cqe.wr_id.to_ne_bytes());
-        put(
-            rec,
-            8,
-            (valid | (u64::from(cqe.wc_flags) & OUTPUT_FLAGS)).to_ne_bytes(),
-        );
-        put(rec, 16, u32::from(cqe.status).to_ne_bytes());
-        put(rec, 20, u32::from(cqe.opcode).to_ne_bytes());
-        put(rec, 24, cqe.vendor_err.to_ne_bytes());
-        put(rec, 28, 0u32.to_ne_bytes());
         put(rec, self.ts, cqe.timestamp.to_ne_bytes());
         let wall_ns = wall.map_or(0, |w| w.ns(cqe.timestamp));
         put(rec, self.wall, wall_ns.to_ne_bytes());
@@ -273,13 +256,29 @@ impl Layout {
         put(rec, self.slid, cqe.slid.to_ne_bytes());
         put(rec, self.sl, [cqe.sl]);
         put(rec, self.dlid_path_bits, [cqe.dlid_path_bits]);
+        // The header last: it overwrites whatever absent fields left at offset 0.
+        let mut valid = self.flags;
+        if cqe.status != 0 {
+            valid &= ON_ERROR;
+        } else if !cqe.is_recv() {
+            valid &= !RECV_ONLY;
+        }
+        let flags = valid | (u64::from(cqe.wc_flags) & OUTPUT_FLAGS);
+        let mut h = [0u8; HEADER_LEN];
+        h[0..8].copy_from_slice(&cqe.wr_id.to_ne_bytes());
+        h[8..16].copy_from_slice(&flags.to_ne_bytes());
+        h[16..20].copy_from_slice(&u32::from(cqe.status).to_ne_bytes());
+        h[20..24].copy_from_slice(&u32::from(cqe.opcode).to_ne_bytes());
+        h[24..28].copy_from_slice(&cqe.vendor_err.to_ne_bytes());
+        rec[..HEADER_LEN].copy_from_slice(&h);
     }
 }
 
-/// Stores `bytes` at `off` unless the field is absent (`usize::MAX`).
+/// Stores `bytes` at `off` (offsets come from the layout, so they always fit the record;
+/// out of range would be a layout bug, and is ignored rather than a panic).
 #[inline(always)]
 fn put<const N: usize>(rec: &mut [u8], off: usize, bytes: [u8; N]) {
-    if let Some(dst) = rec.get_mut(off..off.wrapping_add(N)) {
+    if let Some(dst) = rec.get_mut(off..off + N) {
         dst.copy_from_slice(&bytes);
     }
 }

@@ -265,6 +265,7 @@ impl Cq {
         self.read_ring().capacity()
     }
 
+    #[inline]
     fn read_ring(&self) -> std::sync::RwLockReadGuard<'_, Arc<Ring>> {
         self.ring.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -314,22 +315,28 @@ impl Cq {
     pub fn poll(&self, out: &mut [Cqe]) -> usize {
         let mut n = 0;
         self.poll_with(out.len(), |c| {
-            out[n] = c;
+            out[n] = *c;
             n += 1;
         });
         n
     }
 
-    /// Hands up to `max` completions, oldest first, to `f`; returns how many.
-    pub fn poll_with(&self, max: usize, mut f: impl FnMut(Cqe)) -> usize {
+    /// Hands up to `max` completions, oldest first, to `f` (each read where it lies in the
+    /// ring); returns how many.
+    #[inline]
+    pub fn poll_with(&self, max: usize, mut f: impl FnMut(&Cqe)) -> usize {
         let ring = self.read_ring();
         let mut n = 0;
         while n < max {
-            let Some(c) = ring.pop::<Cqe>() else { break };
-            if !c.is_recv() {
-                (self.retire)(c.qp_num, c.wqe_seq);
+            let got = ring.pop_with(|c: &Cqe| {
+                if !c.is_recv() {
+                    (self.retire)(c.qp_num, c.wqe_seq);
+                }
+                f(c);
+            });
+            if got.is_none() {
+                break;
             }
-            f(c);
             n += 1;
         }
         n
@@ -357,10 +364,9 @@ impl Cq {
 
     /// Starts polling in place: the cursor holds the oldest completion; `None` when the CQ is
     /// empty (`ibv_start_poll`'s `ENOENT`).
-    #[inline]
+    #[inline(always)]
     pub fn start_poll(&self) -> Option<Cursor<'_>> {
-        let ring = self.read_ring().clone();
-        let held = InPlace::start(ring)?;
+        let held = InPlace::start(self.read_ring())?;
         self.retire_if_send(held.get());
         Some(Cursor { cq: self, held })
     }
@@ -386,7 +392,7 @@ impl Cq {
         let mut chunks = buf.chunks_exact_mut(size);
         self.poll_with(max, |c| {
             if let Some(rec) = chunks.next() {
-                layout.fill(rec, &c, wall.as_ref());
+                layout.fill(rec, c, wall.as_ref());
             }
         })
     }
@@ -465,7 +471,9 @@ impl Cq {
 /// read in place in the CQ ring, until [`next`](Self::next) moves on or it is dropped.
 pub struct Cursor<'a> {
     cq: &'a Cq,
-    held: InPlace<Cqe>,
+    // Holding the read guard keeps the ring from being swapped by a resize, at the cost of
+    // the lock only (no reference count), as `poll` pays.
+    held: InPlace<Cqe, std::sync::RwLockReadGuard<'a, Arc<Ring>>>,
 }
 
 impl Cursor<'_> {

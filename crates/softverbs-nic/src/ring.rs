@@ -112,22 +112,27 @@ impl Ring {
         self.seg.slice(16, USER_WORDS)
     }
 
+    #[inline(always)]
     fn head(&self) -> &AtomicU64 {
         self.seg.at(HEAD)
     }
 
+    #[inline(always)]
     fn tail(&self) -> &AtomicU64 {
         self.seg.at(TAIL)
     }
 
+    #[inline(always)]
     fn slot_offset(&self, pos: u64) -> usize {
         SLOTS + (pos & self.mask) as usize * self.stride
     }
 
+    #[inline(always)]
     fn seq(&self, pos: u64) -> &AtomicU64 {
         self.seg.at(self.slot_offset(pos))
     }
 
+    #[inline(always)]
     fn payload_ptr(&self, pos: u64) -> *mut u8 {
         // In bounds: slot_offset + stride <= segment length by construction.
         self.seg.as_ptr().wrapping_add(self.slot_offset(pos) + 8)
@@ -170,6 +175,7 @@ impl Ring {
     }
 
     /// Claims the oldest published slot for reading; `None` when the ring is empty.
+    #[inline]
     fn claim_pop(&self) -> Option<u64> {
         let head = self.head();
         let mut pos = head.load(Ordering::Relaxed);
@@ -258,6 +264,21 @@ impl Ring {
         self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
     }
 
+    /// Removes the oldest entry, handing `f` a reference to it where it lies in the ring
+    /// (no copy through the stack).
+    #[inline]
+    pub fn pop_with<T: SlotPayload, R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        assert!(std::mem::size_of::<T>() <= self.payload_bytes());
+        assert!(std::mem::align_of::<T>() <= 8);
+        let pos = self.claim_pop()?;
+        // SAFETY: slot `pos` was published and we claimed it; no producer writes it until we
+        // release it below. The payload is in bounds and 8-byte aligned (slots are 8-byte
+        // multiples in a page-aligned segment, payloads start 8 bytes in).
+        let r = f(unsafe { &*self.payload_ptr(pos).cast::<T>() });
+        self.release(pos);
+        Some(r)
+    }
+
     /// Removes the oldest entry.
     pub fn pop<T: SlotPayload>(&self) -> Option<T> {
         assert!(std::mem::size_of::<T>() <= self.payload_bytes());
@@ -276,51 +297,74 @@ impl Ring {
 /// `InPlace` is dropped, so a reader can look at single fields as often as it likes. It always
 /// holds an entry: when the ring runs dry, [`advance`](Self::advance) keeps the last one, which
 /// costs the ring one slot of room until the reader is done.
-pub struct InPlace<T: SlotPayload> {
-    ring: std::sync::Arc<Ring>,
+///
+/// `G` is whatever keeps the ring alive and in place while entries are held: an `Arc<Ring>`,
+/// or a read guard of the lock its owner swaps rings under (so no reference count is touched).
+pub struct InPlace<T: SlotPayload, G: std::ops::Deref>
+where
+    G::Target: std::borrow::Borrow<Ring>,
+{
+    ring: G,
     pos: u64,
     ptr: std::ptr::NonNull<T>,
 }
 
-impl<T: SlotPayload> InPlace<T> {
-    /// Takes the oldest entry of `ring`; `None` when it is empty.
-    pub fn start(ring: std::sync::Arc<Ring>) -> Option<Self> {
-        assert!(std::mem::size_of::<T>() <= ring.payload_bytes());
+impl<T: SlotPayload, G: std::ops::Deref> InPlace<T, G>
+where
+    G::Target: std::borrow::Borrow<Ring>,
+{
+    #[inline(always)]
+    fn ring(&self) -> &Ring {
+        std::borrow::Borrow::borrow(&*self.ring)
+    }
+
+    /// Takes the oldest entry of the ring `ring` holds; `None` when it is empty.
+    ///
+    /// `ring` must reach the same ring every time it is dereferenced (true of `Arc` and of
+    /// lock guards), which is why this is for the crate only.
+    #[inline]
+    pub(crate) fn start(ring: G) -> Option<Self> {
+        let r: &Ring = std::borrow::Borrow::borrow(&*ring);
+        assert!(std::mem::size_of::<T>() <= r.payload_bytes());
         // Payloads start 8 bytes into 8-byte-multiple slots of a page-aligned segment.
         assert!(std::mem::align_of::<T>() <= 8);
-        let pos = ring.claim_pop()?;
-        let ptr = std::ptr::NonNull::new(ring.payload_ptr(pos).cast::<T>())?;
+        let pos = r.claim_pop()?;
+        let ptr = std::ptr::NonNull::new(r.payload_ptr(pos).cast::<T>())?;
         Some(InPlace { ring, pos, ptr })
     }
 
     /// The entry held.
-    #[inline]
+    #[inline(always)]
     pub fn get(&self) -> &T {
         // SAFETY: slot `pos` was published and claimed by us; no producer writes it until we
         // release it (in `advance` or `drop`), and `ptr` is in bounds and aligned (asserted
-        // in `start`). The Arc keeps the segment mapped for the borrow's lifetime.
+        // in `start`). `self.ring` keeps the segment mapped for the borrow's lifetime.
         unsafe { self.ptr.as_ref() }
     }
 
     /// Releases the held entry and takes the next one; false (still holding the old entry)
     /// when the ring is empty.
-    #[inline]
+    #[inline(always)]
     pub fn advance(&mut self) -> bool {
-        let Some(next) = self.ring.claim_pop() else {
+        let ring = self.ring();
+        let Some(next) = ring.claim_pop() else {
             return false;
         };
-        self.ring.release(self.pos);
+        ring.release(self.pos);
+        let ptr = ring.payload_ptr(next).cast::<T>();
         self.pos = next;
-        // The payload pointer of a slot of our own segment is never null.
-        self.ptr = std::ptr::NonNull::new(self.ring.payload_ptr(next).cast::<T>())
-            .unwrap_or(self.ptr);
+        // The payload pointer of a slot of a mapped segment is never null.
+        self.ptr = std::ptr::NonNull::new(ptr).unwrap_or(self.ptr);
         true
     }
 }
 
-impl<T: SlotPayload> Drop for InPlace<T> {
+impl<T: SlotPayload, G: std::ops::Deref> Drop for InPlace<T, G>
+where
+    G::Target: std::borrow::Borrow<Ring>,
+{
     fn drop(&mut self) {
-        self.ring.release(self.pos);
+        self.ring().release(self.pos);
     }
 }
 
@@ -351,10 +395,10 @@ mod tests {
     #[test]
     fn in_place_holds_its_slot_until_it_moves_on() {
         let r = std::sync::Arc::new(Ring::new("t", 2, 24).unwrap());
-        assert!(InPlace::<[u64; 3]>::start(r.clone()).is_none());
+        assert!(InPlace::<[u64; 3], _>::start(r.clone()).is_none());
         r.push(&[1u64; 3]).unwrap();
         r.push(&[2u64; 3]).unwrap();
-        let mut c = InPlace::<[u64; 3]>::start(r.clone()).unwrap();
+        let mut c = InPlace::<[u64; 3], _>::start(r.clone()).unwrap();
         assert_eq!(c.get(), &[1; 3]);
         // The held slot is not free yet: the ring (capacity 2) is still full.
         assert!(r.push(&[3u64; 3]).is_err());
@@ -388,7 +432,7 @@ mod tests {
         };
         let mut next = 0u64;
         while next < N {
-            let Some(mut c) = InPlace::<[u64; 3]>::start(r.clone()) else {
+            let Some(mut c) = InPlace::<[u64; 3], _>::start(r.clone()) else {
                 continue;
             };
             loop {

@@ -113,7 +113,7 @@ impl CompletionQueue {
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
         let mut n = 0;
         self.inner.poll_with(out.len(), |c| {
-            out[n] = WorkCompletion(c);
+            out[n] = WorkCompletion(*c);
             n += 1;
         });
         n
