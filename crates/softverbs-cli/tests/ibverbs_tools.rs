@@ -110,6 +110,9 @@ fn ibv_devinfo_shows_the_port_active() {
         "PORT_ACTIVE (4)",
         "link_layer:\t\tEthernet",
         "::ffff:127.0.0.1, RoCE v2",
+        // The device clock: 48 bits of nanoseconds by default.
+        "completion timestamp_mask:\t\t\t0x0000ffffffffffff",
+        "hca_core_clock:\t\t\t1000000kHZ",
     ] {
         assert!(t.contains(want), "`{want}` in {t}");
     }
