@@ -227,7 +227,7 @@ fn drain_compact<const F: u64>(
         if n == 0 {
             break;
         }
-        for rec in buf[..n * size].chunks_exact(size) {
+        for rec in compact::records(buf, size, n) {
             let h = compact::header(rec);
             s.count += 1;
             s.failed += u64::from(h.status != WcStatus::Success as u32);

@@ -304,6 +304,18 @@ fn read<const N: usize>(rec: &[u8], off: usize) -> [u8; N] {
         .unwrap_or([0; N])
 }
 
+/// The first `n` records of `buf`, each `size` bytes (`get_size` of the CQ's flags): what
+/// `poll_ex` returned. Steps by offsets (no division), stopping early if `buf` is short.
+#[inline]
+pub fn records(buf: &[u8], size: usize, n: usize) -> impl Iterator<Item = &[u8]> {
+    let mut rest = buf;
+    (0..n).map_while(move |_| {
+        let (rec, tail) = rest.split_at_checked(size)?;
+        rest = tail;
+        Some(rec)
+    })
+}
+
 /// `ibv_wc_ex_get64`: 64-bit field `flag` of the record `rec` from a CQ created with
 /// `cq_flags`.
 #[inline]

@@ -322,7 +322,7 @@ where
     ///
     /// `ring` must reach the same ring every time it is dereferenced (true of `Arc` and of
     /// lock guards), which is why this is for the crate only.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn start(ring: G) -> Option<Self> {
         let r: &Ring = std::borrow::Borrow::borrow(&*ring);
         assert!(std::mem::size_of::<T>() <= r.payload_bytes());
@@ -363,6 +363,7 @@ impl<T: SlotPayload, G: std::ops::Deref> Drop for InPlace<T, G>
 where
     G::Target: std::borrow::Borrow<Ring>,
 {
+    #[inline(always)]
     fn drop(&mut self) {
         self.ring().release(self.pos);
     }
