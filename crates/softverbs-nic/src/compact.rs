@@ -176,7 +176,11 @@ impl Layout {
     pub fn new(flags: SeedWcFlags) -> Layout {
         let f = flags.bits() & (FIELDS_64 | FIELDS_32 | FIELDS_16 | FIELDS_8);
         let at = |present: u64, off: usize| {
-            if f & present != 0 { HEADER_LEN + off } else { 0 }
+            if f & present != 0 {
+                HEADER_LEN + off
+            } else {
+                0
+            }
         };
         use SeedWcFlags as S;
         Layout {
@@ -386,6 +390,10 @@ mod tests {
         assert_eq!(get32(&rec, f, S::WITH_IMM.bits()), 0x1234);
         assert_eq!(get8(&rec, f, S::WITH_SL.bits()), 3);
         assert!(rec[HEADER_LEN + 9..HEADER_LEN + 16].iter().all(|&b| b == 0));
-        assert_eq!(rec[HEADER_LEN + 16], 0xaa, "nothing written past the record");
+        assert_eq!(
+            rec[HEADER_LEN + 16],
+            0xaa,
+            "nothing written past the record"
+        );
     }
 }

@@ -1,8 +1,8 @@
 //! Completion queues: a [`Ring`] of [`Cqe`]s plus arming and completion channels.
 
+use crate::compact::Layout;
 use crate::error::{Error, Result, inval};
 use crate::event::{AsyncEvent, AsyncQueue, Doorbell, EventElement};
-use crate::compact::Layout;
 use crate::ring::{InPlace, Ring, SlotPayload};
 use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
 use std::collections::VecDeque;

@@ -5,6 +5,7 @@ use crate::config::{DeviceConfig, ENV_DEVICES};
 use crate::error::{Error, Result};
 use crate::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::keys::KeyTable;
+use crate::objects::MrShared;
 use crate::progress::Progress;
 use crate::qp::Qp;
 use crate::types::{AsyncEventType, AtomicCap, Gid, LinkLayer, Mtu, PortState};
@@ -49,6 +50,9 @@ pub struct DeviceAttr {
     pub completion_timestamp_mask: u64,
     /// `hca_core_clock` of `ibv_query_device_ex`, in kHz.
     pub hca_core_clock: u64,
+    /// `mr_layout_caps` of `ibv_query_device_ex` (seed 002): what non-contiguous layouts
+    /// the device supports.
+    pub mr_layout_caps: crate::layout::LayoutCaps,
 }
 
 /// `IBV_DEVICE_*` capability bits softverbs sets.
@@ -139,6 +143,10 @@ pub struct Device {
     pub(crate) peers: crate::peer::Peers,
     /// Called for each scrambled piece this device places (the ordering check).
     ordering_observer: Mutex<Option<crate::ordering::OrderingObserver>>,
+    /// Layout containers of this process by key (for bind work requests and nesting).
+    layout_mrs: Mutex<HashMap<u32, Weak<MrShared>>>,
+    /// How many layouts (in force or staged) use each key: such an MR is busy.
+    layout_refs: Mutex<HashMap<u32, u32>>,
 }
 
 struct QpNumbers {
@@ -190,6 +198,8 @@ impl Device {
             contexts: Mutex::new(Vec::new()),
             peers: Default::default(),
             ordering_observer: Mutex::new(None),
+            layout_mrs: Mutex::new(HashMap::new()),
+            layout_refs: Mutex::new(HashMap::new()),
             config,
         }))
     }
@@ -256,6 +266,59 @@ impl Device {
         &self.clock
     }
 
+    /// The non-contiguous layout capabilities (`mr_layout_caps`).
+    pub fn layout_caps(&self) -> crate::layout::LayoutCaps {
+        crate::layout::LayoutCaps::DEFAULT
+    }
+
+    pub(crate) fn layout_register(&self, key: u32, mr: &Arc<MrShared>) {
+        lock(&self.layout_mrs).insert(key, Arc::downgrade(mr));
+    }
+
+    pub(crate) fn layout_forget(&self, key: u32) {
+        lock(&self.layout_mrs).remove(&key);
+    }
+
+    pub(crate) fn layout_rekey(&self, old: u32, new: u32, mr: &Arc<MrShared>) {
+        let mut m = lock(&self.layout_mrs);
+        m.remove(&old);
+        m.insert(new, Arc::downgrade(mr));
+    }
+
+    /// The layout container with `key`, if it is one of this process.
+    pub(crate) fn layout_find(&self, key: u32) -> Option<Arc<MrShared>> {
+        lock(&self.layout_mrs).get(&key)?.upgrade()
+    }
+
+    /// The layout in force on container `key` (for nesting checks).
+    pub(crate) fn layout_current(&self, key: u32) -> Option<Arc<crate::layout::Compiled>> {
+        self.layout_find(key)?.current()
+    }
+
+    pub(crate) fn layout_acquire(&self, keys: &[u32]) {
+        let mut m = lock(&self.layout_refs);
+        for k in keys {
+            *m.entry(*k).or_insert(0) += 1;
+        }
+    }
+
+    pub(crate) fn layout_release(&self, keys: &[u32]) {
+        let mut m = lock(&self.layout_refs);
+        for k in keys {
+            if let Some(n) = m.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(k);
+                }
+            }
+        }
+    }
+
+    /// How many layouts use `key`.
+    pub(crate) fn layout_users(&self, key: u32) -> u32 {
+        lock(&self.layout_refs).get(&key).copied().unwrap_or(0)
+    }
+
     /// `ibv_query_device` (and the extended fields).
     pub fn attr(&self) -> DeviceAttr {
         let l = &self.config.limits;
@@ -294,6 +357,7 @@ impl Device {
             max_inline_data: l.max_inline_data,
             completion_timestamp_mask: self.clock.mask(),
             hca_core_clock: Clock::KHZ,
+            mr_layout_caps: self.layout_caps(),
         }
     }
 
@@ -516,4 +580,8 @@ impl std::fmt::Debug for Device {
             .field("name", &self.config.name)
             .finish()
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -11,6 +11,7 @@ use crate::cq::Cqe;
 use crate::device::{Device, MAX_MSG_SIZE};
 use crate::keys::{KeyError, KeyTable, Pin};
 use crate::mem::{self, AtomicOp, Span};
+use crate::mrlayout;
 use crate::ordering::Placement;
 use crate::peer::RemoteQp;
 use crate::qp::{Outcome, Qp, SendState};
@@ -133,11 +134,34 @@ impl Target {
             Target::Remote(r) => r.gid(),
         }
     }
-    /// Where the pinned bytes are, as this process reaches them.
-    fn place(&self, pin: &Pin<'_>, len: usize) -> Option<Span> {
+    /// Where `len` pinned bytes at owner address `host` (inside `pin`'s registration, or
+    /// a plain buffer of a layout `pin` holds) are, as this process reaches them.
+    fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
         match self {
-            Target::Local(_) => Some(Span::local(pin.host, len)),
-            Target::Remote(r) => r.place(pin, len).ok(),
+            Target::Local(_) => Some(Span::local(host, len)),
+            Target::Remote(r) => r.place(pin, host, len).ok(),
+        }
+    }
+}
+
+/// The responder's side of a one-sided operation: one pinned span (an ordinary key, no
+/// allocation), or the pieces of a layout.
+enum Remote<'t> {
+    One(Pin<'t>, Span),
+    Many(Spans<'t>),
+}
+
+impl Remote<'_> {
+    fn spans(&self) -> &[Span] {
+        match self {
+            Remote::One(_, s) => std::slice::from_ref(s),
+            Remote::Many(m) => &m.spans,
+        }
+    }
+    fn placement(&self) -> Placement {
+        match self {
+            Remote::One(p, _) => p.placement(),
+            Remote::Many(m) => m.placement(),
         }
     }
 }
@@ -161,22 +185,31 @@ impl Spans<'_> {
     }
 }
 
-/// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable.
+/// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable. An
+/// SGE whose key is a non-contiguous layout becomes the spans of its pieces.
 fn pin_sges<'k>(
     keys: &'k KeyTable,
     pd: u32,
     sges: &[crate::types::Sge],
     need: AccessFlags,
-    place: impl Fn(&Pin<'_>, usize) -> Option<Span>,
+    place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Result<Spans<'k>, KeyError> {
     let mut spans = Vec::with_capacity(sges.len());
     let mut pins = Vec::with_capacity(sges.len());
     let mut len = 0u64;
     for s in sges.iter().filter(|s| s.length > 0) {
-        let pin = keys.pin(s.lkey, pd, s.addr, u64::from(s.length), need)?;
-        spans.push(place(&pin, s.length as usize).ok_or(KeyError::Invalid)?);
-        pins.push(pin);
-        len += u64::from(s.length);
+        let n = u64::from(s.length);
+        match keys.pin(s.lkey, pd, s.addr, n, need) {
+            Ok(pin) => {
+                spans.push(place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?);
+                pins.push(pin);
+            }
+            Err(KeyError::Layout) => mrlayout::pin_range(
+                keys, pd, s.lkey, s.addr, n, need, &place, &mut spans, &mut pins, 1,
+            )?,
+            Err(e) => return Err(e),
+        }
+        len += n;
     }
     Ok(Spans {
         spans,
@@ -197,8 +230,8 @@ impl Qp {
                 _pins: Vec::new(),
                 len: bytes.len() as u64,
             }),
-            Payload::Sges(sges) => pin_sges(&self.dev.keys, self.pd.id, sges, need, |p, n| {
-                Some(Span::local(p.host, n))
+            Payload::Sges(sges) => pin_sges(&self.dev.keys, self.pd.id, sges, need, |_, h, n| {
+                Some(Span::local(h, n))
             })
             .map_err(|_| WcStatus::LocProtErr),
         }
@@ -253,20 +286,50 @@ impl Qp {
     }
 
     /// Pins `len` bytes of the responder's region `rkey` at `addr` with `need`, and places
-    /// them; `None` is a remote access error.
+    /// them; `None` is a remote access error. A layout key resolves to its pieces.
     fn remote_range<'t>(
         target: &'t Target,
         rkey: u32,
         addr: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Option<(Pin<'t>, Span)> {
-        let pin = target.keys().pin(rkey, target.pd(), addr, len, need).ok()?;
-        let span = target.place(&pin, len as usize)?;
-        Some((pin, span))
+    ) -> Option<Remote<'t>> {
+        let keys = target.keys();
+        match keys.pin(rkey, target.pd(), addr, len, need) {
+            Ok(pin) => {
+                let span = target.place(&pin, pin.host, len as usize)?;
+                Some(Remote::One(pin, span))
+            }
+            Err(KeyError::Layout) => {
+                let (mut spans, mut pins) = (Vec::new(), Vec::new());
+                let place = |p: &Pin<'_>, h: usize, n: usize| target.place(p, h, n);
+                mrlayout::pin_range(
+                    keys,
+                    target.pd(),
+                    rkey,
+                    addr,
+                    len,
+                    need,
+                    &place,
+                    &mut spans,
+                    &mut pins,
+                    1,
+                )
+                .ok()?;
+                Some(Remote::Many(Spans {
+                    spans,
+                    _pins: pins,
+                    len,
+                }))
+            }
+            Err(_) => None,
+        }
     }
 
     pub(crate) fn execute(&self, st: &mut SendState, w: &SendWqe<'_>) -> Outcome {
+        if let SendOp::BindLayout { key } = w.op {
+            return self.bind_layout(key);
+        }
         let need = if w.op.writes_local() {
             AccessFlags::LOCAL_WRITE
         } else {
@@ -329,15 +392,11 @@ impl Qp {
                     },
                     None => None,
                 };
-                if let Some((pin, dst)) = &remote {
+                if let Some(dst) = &remote {
                     // SAFETY: local sources are pinned registrations or inline bytes we own;
                     // the destination was checked against the responder's key table and is
                     // pinned (and, for a peer, mapped or reached by cross-memory attach).
-                    if unsafe {
-                        self.place(&local.spans, std::slice::from_ref(dst), pin.placement())
-                    }
-                    .is_err()
-                    {
+                    if unsafe { self.place(&local.spans, dst.spans(), dst.placement()) }.is_err() {
                         return self.remote_error(&target, WcStatus::RemOpErr, None, len);
                     }
                 }
@@ -359,7 +418,7 @@ impl Qp {
                     return self.remote_error(&target, WcStatus::RemInvReqErr, req_err, len);
                 }
                 if len > 0 {
-                    let Some((_pin, src)) = Self::remote_range(
+                    let Some(src) = Self::remote_range(
                         &target,
                         rkey,
                         remote_addr,
@@ -371,10 +430,7 @@ impl Qp {
                     // SAFETY: the source is pinned in the responder's registration with
                     // REMOTE_READ; the destinations are pinned local registrations with
                     // LOCAL_WRITE.
-                    if unsafe {
-                        self.place(std::slice::from_ref(&src), &local.spans, local.placement())
-                    }
-                    .is_err()
+                    if unsafe { self.place(src.spans(), &local.spans, local.placement()) }.is_err()
                     {
                         return self.remote_error(&target, WcStatus::RemOpErr, None, len);
                     }
@@ -404,6 +460,21 @@ impl Qp {
                 AtomicOp::FetchAdd { add },
                 &local,
             ),
+            SendOp::BindLayout { key } => self.bind_layout(key), // handled above
+        }
+    }
+
+    /// A layout bind: the staged layout of container `key` takes effect now, in the QP's
+    /// program order.
+    fn bind_layout(&self, key: u32) -> Outcome {
+        let bound = self
+            .dev
+            .layout_find(key)
+            .is_some_and(|mr| mr.bind(&self.dev, self.pd.id));
+        if bound {
+            Outcome::Done(WcStatus::Success, 0)
+        } else {
+            Outcome::Done(WcStatus::MwBindErr, 0)
         }
     }
 
@@ -424,7 +495,7 @@ impl Qp {
                 len,
             );
         }
-        let Some((_pin, word)) =
+        let Some(remote) =
             Self::remote_range(target, rkey, remote_addr, 8, AccessFlags::REMOTE_ATOMIC)
         else {
             return self.remote_error(
@@ -435,9 +506,14 @@ impl Qp {
             );
         };
         // post_send rejects unaligned remote IOVAs, but a region registered at an IOVA with a
-        // different alignment than its address could still map to an unaligned address. A
-        // peer's plain (unmapped) memory cannot be updated atomically at all.
-        if word.addr % 8 != 0 || word.pid != 0 {
+        // different alignment than its address could still map to an unaligned address, and
+        // a layout may put the 8 bytes across two data (more than one span) or at an
+        // unaligned datum. A peer's plain (unmapped) memory cannot be updated atomically.
+        let word = match remote.spans() {
+            [w] => *w,
+            _ => Span::local(1, 0), // refused just below
+        };
+        if word.addr % 8 != 0 || word.pid != 0 || word.len != 8 {
             return self.remote_error(
                 target,
                 WcStatus::RemInvReqErr,
@@ -539,7 +615,7 @@ impl Qp {
             target.recv_pd(),
             &r.sges,
             AccessFlags::LOCAL_WRITE,
-            |p, n| target.place(p, n),
+            |p, h, n| target.place(p, h, n),
         ) {
             Ok(d) => d,
             Err(_) => return fail(WcStatus::LocProtErr, WcStatus::RemOpErr),

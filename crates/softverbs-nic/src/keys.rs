@@ -17,7 +17,8 @@ const VALID: u32 = 1;
 const DYING: u32 = 2;
 const HEADER: usize = 64;
 const MAGIC: u32 = 0x4b45_5953; // "KEYS"
-const VERSION: u32 = 1;
+/// 2: entries grew the layout fields (`layout_fd`, `layout_gen`, `layout_ino`).
+const VERSION: u32 = 2;
 
 /// One registered region, as any process mapping the table sees it.
 #[repr(C)]
@@ -41,6 +42,15 @@ pub struct KeyEntry {
     placement: AtomicU32,
     mem_ino: AtomicU64,
     mem_off: AtomicU64,
+    /// For a region carrying a non-contiguous layout: the owner's descriptor + 1 of the
+    /// `memfd` holding the encoded layout (see `mrlayout`), 0 for none.
+    layout_fd: AtomicU32,
+    /// Non-zero when the region is a layout: the generation of the published layout, bumped
+    /// (to a process-unique value) every time the owner sets a new one, so peers can cache
+    /// the decoded form keyed by (owner pid, key, generation, inode).
+    layout_gen: AtomicU32,
+    /// Inode of the layout `memfd`, so a recycled descriptor number is never mistaken for it.
+    layout_ino: AtomicU64,
 }
 
 // SAFETY: repr(C), atomics only, valid when zero (state FREE).
@@ -57,6 +67,24 @@ pub enum KeyError {
     Access,
     /// The range is not inside the region.
     Bounds,
+    /// The region is a non-contiguous layout: every check passed, but its bytes must be
+    /// resolved through the layout (`mrlayout`), not addressed directly.
+    Layout,
+}
+
+/// Where a layout region's description is, as the key entry records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayoutRef {
+    /// The owner's descriptor of the layout `memfd`.
+    pub fd: i32,
+    /// Its inode.
+    pub ino: u64,
+    /// The layout's generation (non-zero).
+    pub generation: u32,
+    /// The owning process.
+    pub owner_pid: u32,
+    /// Offset of the pinned range in the layout (the IOVA minus the region's base IOVA).
+    pub offset: u64,
 }
 
 /// A registered region's attributes, as registration recorded them.
@@ -100,14 +128,37 @@ pub struct Pin<'a> {
 impl Pin<'_> {
     /// Where a peer can map the pinned bytes: the backing and the offset of `host` in it.
     pub fn backing(&self) -> Option<Backing> {
+        self.backing_at(self.host)
+    }
+
+    /// Like [`backing`](Self::backing), for host address `host` of the same registration
+    /// (one the caller got from [`rebase`](Self::rebase) or the pin itself).
+    pub fn backing_at(&self, host: usize) -> Option<Backing> {
         let e = self.entry;
         let fd = e.mem_fd.load(Ordering::Relaxed);
         let base = e.addr.load(Ordering::Relaxed);
         (fd != 0).then(|| Backing {
             fd: fd as i32 - 1,
             ino: e.mem_ino.load(Ordering::Relaxed),
-            offset: e.mem_off.load(Ordering::Relaxed) + (self.host as u64 - base),
+            offset: e.mem_off.load(Ordering::Relaxed) + (host as u64).wrapping_sub(base),
         })
+    }
+
+    /// The key this pin holds.
+    pub fn key(&self) -> u32 {
+        self.entry.key.load(Ordering::Relaxed)
+    }
+
+    /// The host address of `[iova, iova + len)` of the same (already checked and pinned)
+    /// registration, if the range lies inside it: lets a layout walk reuse one pin for many
+    /// pieces of one region.
+    pub fn rebase(&self, iova: u64, len: u64) -> Option<usize> {
+        let e = self.entry;
+        let offset = iova.checked_sub(e.iova.load(Ordering::Relaxed))?;
+        if offset.checked_add(len)? > e.length.load(Ordering::Relaxed) {
+            return None;
+        }
+        usize::try_from(e.addr.load(Ordering::Relaxed).checked_add(offset)?).ok()
     }
 
     /// How data is to be placed into the pinned region.
@@ -236,6 +287,9 @@ impl KeyTable {
             true => Placement::Relaxed,
         };
         e.placement.store(placement.to_raw(), Ordering::Relaxed);
+        e.layout_fd.store(0, Ordering::Relaxed);
+        e.layout_ino.store(0, Ordering::Relaxed);
+        e.layout_gen.store(0, Ordering::Relaxed);
         e.state.store(VALID, Ordering::Release);
         Ok(key)
     }
@@ -284,7 +338,8 @@ impl KeyTable {
     }
 
     /// Checks that `[iova, iova + len)` lies in the region of `key`, owned by `pd`, granting
-    /// `need`, and pins it.
+    /// `need`, and pins it. A region carrying a layout passes every check but answers
+    /// [`KeyError::Layout`]: its bytes are reached through [`pin_layout`](Self::pin_layout).
     pub fn pin(
         &self,
         key: u32,
@@ -293,6 +348,49 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
+        let (pin, e) = self.pin_checked(key, pd, iova, len, need)?;
+        // The one extra branch ordinary keys pay for layouts.
+        if e.layout_gen.load(Ordering::Acquire) != 0 {
+            return Err(KeyError::Layout);
+        }
+        Ok(pin)
+    }
+
+    /// Like [`pin`](Self::pin) for a layout region: pins the region itself (its rights, PD
+    /// and bounds checked) and says where its layout is. A region without a layout is
+    /// [`KeyError::Invalid`] here.
+    pub fn pin_layout(
+        &self,
+        key: u32,
+        pd: u32,
+        iova: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(Pin<'_>, LayoutRef), KeyError> {
+        let (pin, e) = self.pin_checked(key, pd, iova, len, need)?;
+        let generation = e.layout_gen.load(Ordering::Acquire);
+        let fd = e.layout_fd.load(Ordering::Relaxed);
+        if generation == 0 || fd == 0 {
+            return Err(KeyError::Invalid);
+        }
+        let r = LayoutRef {
+            fd: fd as i32 - 1,
+            ino: e.layout_ino.load(Ordering::Relaxed),
+            generation,
+            owner_pid: e.owner_pid.load(Ordering::Relaxed),
+            offset: iova - e.iova.load(Ordering::Relaxed),
+        };
+        Ok((pin, r))
+    }
+
+    fn pin_checked(
+        &self,
+        key: u32,
+        pd: u32,
+        iova: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(Pin<'_>, &KeyEntry), KeyError> {
         let e = self.entry(key >> 8).ok_or(KeyError::Invalid)?;
         e.users.fetch_add(1, Ordering::SeqCst);
         let mut pin = Pin { entry: e, host: 0 };
@@ -312,9 +410,45 @@ impl KeyTable {
         if end > length {
             return Err(KeyError::Bounds);
         }
-        let host = e.addr.load(Ordering::Relaxed) + offset;
+        let host = e.addr.load(Ordering::Relaxed).wrapping_add(offset);
         pin.host = usize::try_from(host).map_err(|_| KeyError::Bounds)?;
-        Ok(pin)
+        Ok((pin, e))
+    }
+
+    /// Publishes a layout for `key` (owner only): the region becomes `length` bytes long and
+    /// its bytes are resolved through the layout in `memfd` descriptor `fd` (inode `ino`),
+    /// generation `generation` (non-zero). Readers that pinned the old layout finish with it.
+    pub fn set_layout(
+        &self,
+        key: u32,
+        length: u64,
+        fd: i32,
+        ino: u64,
+        generation: u32,
+    ) -> Result<()> {
+        let e = self
+            .entry(key >> 8)
+            .filter(|e| {
+                e.key.load(Ordering::Acquire) == key && e.state.load(Ordering::Acquire) == VALID
+            })
+            .ok_or_else(|| Error::NotFound(format!("memory key {key:#x}")))?;
+        // Order matters for readers without the owner's lock: a reader that sees the new
+        // generation (acquire) sees the new descriptor; one that sees the new length with the
+        // old layout fails the layout's own bounds check, never reads out of it.
+        e.layout_fd.store(fd as u32 + 1, Ordering::Relaxed);
+        e.layout_ino.store(ino, Ordering::Relaxed);
+        e.layout_gen.store(generation, Ordering::Release);
+        e.length.store(length, Ordering::Release);
+        Ok(())
+    }
+
+    /// The layout generation of `key` (0: not a layout, or not a valid key).
+    pub fn layout_generation(&self, key: u32) -> u32 {
+        self.entry(key >> 8)
+            .filter(|e| {
+                e.key.load(Ordering::Acquire) == key && e.state.load(Ordering::Acquire) == VALID
+            })
+            .map_or(0, |e| e.layout_gen.load(Ordering::Acquire))
     }
 }
 

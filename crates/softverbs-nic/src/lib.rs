@@ -14,7 +14,8 @@
 //! - [`objects`], [`qp`], [`wr`]: contexts, PDs, MRs, AHs, queue pairs, work requests.
 //! - `exec`, `mem`: executing a work request, and the memory accessor that moves bytes.
 //! - [`ordering`]: strict and relaxed placement, and the ordering check.
-//! - [`layout`]: non-contiguous layouts (seed 002): SG, interleaved, page lists, nesting.
+//! - [`layout`]: non-contiguous layouts (seed 002): SG, interleaved, page lists, nesting;
+//!   [`mrlayout`]: layouts in the key table, shared with peers, resolved on the data path.
 //! - `progress`: the timer thread for RNR and ACK retries.
 
 pub mod clock;
@@ -28,6 +29,7 @@ mod exec;
 pub mod keys;
 pub mod layout;
 mod mem;
+pub mod mrlayout;
 pub mod objects;
 pub mod ordering;
 mod peer;

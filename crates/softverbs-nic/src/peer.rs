@@ -149,7 +149,7 @@ fn lookup(gid: Gid, qpn: u32) -> Option<(u32, i32, u64)> {
 }
 
 /// Opens descriptor `fd` of process `pid`, checking that it is still the object with `ino`.
-fn open_peer_fd(pid: u32, fd: i32, ino: u64, write_only: bool) -> Result<OwnedFd> {
+pub(crate) fn open_peer_fd(pid: u32, fd: i32, ino: u64, write_only: bool) -> Result<OwnedFd> {
     use rustix::fs::{Mode, OFlags};
     let flags = if write_only {
         OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC
@@ -397,10 +397,12 @@ impl RemoteQp {
 
     /// Where the pinned bytes are for this process: a mapping of the owner's memfd, or
     /// (plain process memory) the owner's address, reached with cross-memory attach.
-    pub(crate) fn place(&self, pin: &Pin<'_>, len: usize) -> Result<Span> {
-        let Some(b) = pin.backing() else {
+    /// `host` is an owner address inside `pin`'s registration (or, for a layout container's
+    /// pin, a plain buffer of its layout, which has no backing).
+    pub(crate) fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Result<Span> {
+        let Some(b) = pin.backing_at(host) else {
             return Ok(Span {
-                addr: pin.host,
+                addr: host,
                 len,
                 pid: self.pid,
             });

@@ -709,9 +709,12 @@ impl Qp {
             QpType::Rc => true,
             QpType::Uc => matches!(
                 w.op,
-                Send | SendWithImm { .. } | RdmaWrite { .. } | RdmaWriteWithImm { .. }
+                Send | SendWithImm { .. }
+                    | RdmaWrite { .. }
+                    | RdmaWriteWithImm { .. }
+                    | BindLayout { .. }
             ),
-            QpType::Ud => matches!(w.op, Send | SendWithImm { .. }),
+            QpType::Ud => matches!(w.op, Send | SendWithImm { .. } | BindLayout { .. }),
         };
         if !ok_op {
             return Err(inval(format!(
@@ -741,6 +744,9 @@ impl Qp {
                 }
             }
             _ => {}
+        }
+        if matches!(w.op, BindLayout { .. }) && !w.payload.is_empty() {
+            return Err(inval("a layout bind takes no data"));
         }
         if let CmpSwap { remote_addr, .. } | FetchAdd { remote_addr, .. } = w.op {
             if w.payload.len() != 8 {

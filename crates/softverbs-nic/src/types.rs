@@ -165,6 +165,8 @@ verbs_enum!(
         RdmaRead = 4,
         AtomicCmpAndSwp = 5,
         AtomicFetchAndAdd = 6,
+        /// `IBV_WR_BIND_MW`; softverbs uses it for [`SendOp::BindLayout`](crate::wr::SendOp::BindLayout).
+        BindMw = 8,
     }
 );
 

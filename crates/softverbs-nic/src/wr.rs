@@ -36,6 +36,14 @@ pub enum SendOp {
         rkey: u32,
         add: u64,
     },
+    /// The seed's `IBV_WR_BIND_MR` for a layout set with `WITH_POST_WR`: the staged layout of
+    /// layout container `key` (of this QP's PD) takes effect when this request executes, so
+    /// later requests on the QP see it (program order). Takes no SGEs. Completes with
+    /// [`WcOpcode::BindMw`]; no staged layout, or a container of another PD, completes with
+    /// `MW_BIND_ERR`.
+    BindLayout {
+        key: u32,
+    },
 }
 
 impl SendOp {
@@ -49,6 +57,7 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WrOpcode::RdmaRead,
             SendOp::CmpSwap { .. } => WrOpcode::AtomicCmpAndSwp,
             SendOp::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+            SendOp::BindLayout { .. } => WrOpcode::BindMw,
         }
     }
 
@@ -60,6 +69,7 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindLayout { .. } => WcOpcode::BindMw,
         }
     }
 

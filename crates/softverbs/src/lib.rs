@@ -54,13 +54,22 @@ pub use qp::{
 pub use softverbs_nic::config::{DeviceConfig, ENV_DEVICES, Limits};
 pub use softverbs_nic::device::{DeviceAttr, PortAttr, cap_flags};
 pub use softverbs_nic::event::{AsyncEvent, EventElement};
+pub use softverbs_nic::ordering::{OrderingObserver, ScrambledPiece};
 pub use softverbs_nic::qp::{PostError, QpAttr, QpCap};
 pub use softverbs_nic::types::{
     AccessFlags, AhAttr, AsyncEventType, AtomicCap, Gid, GlobalRoute, LinkLayer, Mtu, PortState,
     QpAttrMask, QpState, QpType, SendFlags, Sge, WcExFlags, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
-pub use softverbs_nic::ordering::{OrderingObserver, ScrambledPiece};
 pub use softverbs_nic::wr::SendOp;
+
+/// Seed 002's non-contiguous layouts: see [`ProtectionDomain::create_layout_mr`],
+/// [`MemoryRegion::set_layout_sg`], [`MemoryRegion::set_layout_interleaved`],
+/// [`ProtectionDomain::reg_mr_pages`] and [`SendOp::BindLayout`].
+pub use softverbs_nic::layout::{
+    Datum, Dim, InterleavedEntry, Layout, LayoutCapFlags, LayoutCaps, LayoutError, PLAIN_KEY,
+    SetLayoutFlags,
+};
+pub use softverbs_nic::mrlayout::set_layout_code;
 pub use softverbs_nic::{Error, GRH_LEN};
 
 /// Seed 000's compact completion records: the layout of [`CompletionQueue::poll_ex`]'s

@@ -6,7 +6,10 @@
 //! or WRITE is complete once its last byte is seen, or once its completion is polled).
 
 use crate::qp::{AddressHandle, QpInitAttr, QueuePair, SharedReceiveQueue, SrqAttr};
-use crate::{AccessFlags, AhAttr, Error, Result, Sge};
+use crate::{
+    AccessFlags, AhAttr, Datum, Error, InterleavedEntry, Layout, Result, SetLayoutFlags, Sge,
+};
+use softverbs_nic::mrlayout::LayoutSource;
 use softverbs_nic::objects::{Mr, Pd};
 use softverbs_nic::qp::QpInit;
 use softverbs_nic::shm::Segment;
@@ -131,6 +134,92 @@ impl ProtectionDomain {
         })
     }
 
+    /// A layout container (seed 002's `ibv_reg_mr(pd, NULL, 0, IBV_ACCESS_ZERO_BASED)`): a
+    /// zero-length, zero-based region to give a non-contiguous layout with
+    /// [`MemoryRegion::set_layout_sg`] or [`MemoryRegion::set_layout_interleaved`]. After
+    /// that its length is the layout's, its IOVAs run from 0, and its key works wherever a key
+    /// does. `ZERO_BASED` is added to `access` if missing; `access` is what every access
+    /// through the layout needs (each piece's own region is checked too).
+    pub fn create_layout_mr(&self, access: AccessFlags) -> Result<MemoryRegion<'static>> {
+        Ok(MemoryRegion {
+            mr: self.inner.create_layout_mr(access.bits())?,
+            _backing: None,
+            _buf: PhantomData,
+        })
+    }
+
+    /// A page-list registration: `length` bytes starting `first_offset` bytes into
+    /// `pages[0]` and continuing through `pages[1]`, `pages[2]`, ... — pages that need not be
+    /// contiguous or in order in this process — seen by peers (and SGEs) at IOVA `iova`, or
+    /// at 0 with `ZERO_BASED`. Each page is a `page_size`-aligned address (`page_size` a power
+    /// of two); pages that follow each other in memory are merged. Errors: malformed lists are
+    /// `InvalidArgument`.
+    ///
+    /// # Safety
+    /// Every page the registration reaches must stay valid for reads and writes until the
+    /// region is dropped, and the caller must not hold Rust references to those bytes that
+    /// the NIC's writes would race with.
+    pub unsafe fn reg_mr_pages(
+        &self,
+        pages: &[*const u8],
+        page_size: usize,
+        first_offset: usize,
+        length: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion<'static>> {
+        let pages: Vec<u64> = pages.iter().map(|p| *p as usize as u64).collect();
+        // SAFETY: forwarded to the caller.
+        let mr = unsafe {
+            self.inner.reg_mr_pages(
+                &pages,
+                page_size as u64,
+                first_offset as u64,
+                length as u64,
+                iova,
+                access.bits(),
+            )?
+        };
+        Ok(MemoryRegion {
+            mr,
+            _backing: None,
+            _buf: PhantomData,
+        })
+    }
+
+    /// A bitmap page registration for huge sparse ranges: page `i`, at `base + i *
+    /// page_size`, belongs to the region when bit `i % 64` of `bitmap[i / 64]` is set (least
+    /// significant bit first); the region is the selected pages in increasing order, seen at
+    /// IOVA `iova` (0 with `ZERO_BASED`). `base` must be `page_size`-aligned.
+    ///
+    /// # Safety
+    /// Every selected page must stay valid for reads and writes until the region is dropped
+    /// (as for [`reg_mr_pages`](Self::reg_mr_pages)).
+    pub unsafe fn reg_mr_bitmap(
+        &self,
+        base: *const u8,
+        page_size: usize,
+        bitmap: &[u64],
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion<'static>> {
+        // SAFETY: forwarded to the caller.
+        let mr = unsafe {
+            self.inner.reg_mr_bitmap(
+                base as usize as u64,
+                page_size as u64,
+                bitmap,
+                iova,
+                access.bits(),
+            )?
+        };
+        Ok(MemoryRegion {
+            mr,
+            _backing: None,
+            _buf: PhantomData,
+        })
+    }
+
     /// `ibv_create_qp`.
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
         let qp = self.inner.create_qp(QpInit {
@@ -168,7 +257,123 @@ pub struct MemoryRegion<'a> {
     _buf: PhantomData<&'a mut [u8]>,
 }
 
+impl<'a> MemoryRegion<'a> {
+    /// `ibv_dereg_mr` with its result: [`Error::Busy`] (EBUSY) while a non-contiguous layout
+    /// uses this region — deregister or re-lay-out that layout's region first — and the
+    /// region is handed back unchanged. (Dropping a region deregisters it regardless; layouts
+    /// that still name it then fail their accesses with protection or remote-access errors.)
+    #[allow(clippy::result_large_err)]
+    pub fn dereg(self) -> std::result::Result<(), (MemoryRegion<'a>, Error)> {
+        match self.mr.check_dereg() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
+    }
+}
+
 impl MemoryRegion<'_> {
+    /// True for a layout container ([`ProtectionDomain::create_layout_mr`], page lists and
+    /// bitmaps): its bytes live in other regions, so the byte accessors (`read_at`,
+    /// `write_at`, `fill`, `load_*`, `store_u64`) refuse it or do nothing.
+    pub fn is_layout(&self) -> bool {
+        self.mr.is_layout()
+    }
+
+    /// `ibv_mr_set_layout_sg` (seed 002): this layout container becomes the data of `sges`
+    /// back to back. Each SGE is `(addr, length, lkey)` of a region of the same PD (`addr`
+    /// in that region's IOVAs, or an offset for zero-based and layout regions, which nest up
+    /// to [`LayoutCaps::max_nesting_level`](crate::LayoutCaps)). Flags:
+    /// `AVOID_INVALIDATION` (fail instead of changing the keys), `WITH_POST_WR` (the layout
+    /// takes effect at a [`SendOp::BindLayout`](crate::SendOp::BindLayout) work request);
+    /// `REGISTER_BUFFERS` needs [`set_layout_sg_raw`](Self::set_layout_sg_raw).
+    ///
+    /// Errors, with the old layout still in force: `InvalidArgument`
+    /// (`IBV_MR_SET_LAYOUT_ERR_INPUT`: malformed input, unknown key, another PD, data outside
+    /// its region, not a layout container), `Busy` (`IBV_MR_SET_LAYOUT_ERR_WOULD_INVALIDATE`)
+    /// and `Unsupported` (`IBV_MR_SET_LAYOUT_ERR_UNSUPPORTED`: beyond the device's
+    /// [`LayoutCaps`](crate::LayoutCaps)); [`set_layout_code`](crate::set_layout_code) gives
+    /// the seed's code.
+    ///
+    /// Keys: a layout with at most `max_inline_num_sg` SGEs (or no more than the region had
+    /// room for before) keeps [`lkey`](Self::lkey)/[`rkey`](Self::rkey); a larger one changes
+    /// them (the old ones stop working at once) unless `AVOID_INVALIDATION` makes it fail.
+    pub fn set_layout_sg(&self, flags: SetLayoutFlags, sges: &[Sge]) -> Result<()> {
+        if flags.contains(SetLayoutFlags::REGISTER_BUFFERS) {
+            return Err(Error::InvalidArgument(
+                "REGISTER_BUFFERS takes raw buffers: use the unsafe set_layout_sg_raw \
+                 (IBV_MR_SET_LAYOUT_ERR_INPUT, -1)"
+                    .into(),
+            ));
+        }
+        // SAFETY: without REGISTER_BUFFERS every datum is checked against the key table.
+        unsafe { self.set_layout_sg_raw(flags, sges) }
+    }
+
+    /// [`set_layout_sg`](Self::set_layout_sg), also accepting `REGISTER_BUFFERS`: SGEs with
+    /// lkey [`PLAIN_KEY`](crate::PLAIN_KEY) (0) are plain buffers of this process (`addr` a
+    /// host address), registered with this container's access rights for as long as the
+    /// layout uses them.
+    ///
+    /// # Safety
+    /// With `REGISTER_BUFFERS`, each plain buffer must stay valid for reads and writes until
+    /// this region is dropped or given another layout.
+    pub unsafe fn set_layout_sg_raw(&self, flags: SetLayoutFlags, sges: &[Sge]) -> Result<()> {
+        let data = sges
+            .iter()
+            .map(|s| Datum::new(s.lkey, s.addr, u64::from(s.length)))
+            .collect();
+        self.mr.set_layout(
+            flags,
+            LayoutSource::Layout {
+                flags,
+                layout: Layout::Sg(data),
+            },
+        )
+    }
+
+    /// `ibv_mr_set_layout_interleaved` (seed 002): this layout container becomes the
+    /// round-robin of `entries`, each a first datum, `num_repeated` and dimensions of
+    /// (`offset_stride`, `datum_count`) — see [`crate::nic::layout`] for the exact reading of
+    /// the seed's pseudo-code. Flags, errors and keys as for
+    /// [`set_layout_sg`](Self::set_layout_sg) (`max_inline_num_interleaved` entries fit without
+    /// changing the keys).
+    pub fn set_layout_interleaved(
+        &self,
+        flags: SetLayoutFlags,
+        entries: &[InterleavedEntry],
+    ) -> Result<()> {
+        if flags.contains(SetLayoutFlags::REGISTER_BUFFERS) {
+            return Err(Error::InvalidArgument(
+                "REGISTER_BUFFERS takes raw buffers: use the unsafe set_layout_interleaved_raw \
+                 (IBV_MR_SET_LAYOUT_ERR_INPUT, -1)"
+                    .into(),
+            ));
+        }
+        // SAFETY: without REGISTER_BUFFERS every datum is checked against the key table.
+        unsafe { self.set_layout_interleaved_raw(flags, entries) }
+    }
+
+    /// [`set_layout_interleaved`](Self::set_layout_interleaved), also accepting
+    /// `REGISTER_BUFFERS` (entries whose first datum has key [`PLAIN_KEY`](crate::PLAIN_KEY)
+    /// stride over a plain buffer of this process).
+    ///
+    /// # Safety
+    /// As for [`set_layout_sg_raw`](Self::set_layout_sg_raw): every byte a plain entry reaches
+    /// must stay valid while the layout is in force.
+    pub unsafe fn set_layout_interleaved_raw(
+        &self,
+        flags: SetLayoutFlags,
+        entries: &[InterleavedEntry],
+    ) -> Result<()> {
+        self.mr.set_layout(
+            flags,
+            LayoutSource::Layout {
+                flags,
+                layout: Layout::Interleaved(entries.to_vec()),
+            },
+        )
+    }
+
     /// The local key, for SGEs.
     pub fn lkey(&self) -> u32 {
         self.mr.key()
@@ -210,6 +415,11 @@ impl MemoryRegion<'_> {
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<()> {
+        if self.is_layout() {
+            return Err(Error::InvalidArgument(
+                "a layout region has no bytes of its own: access the regions it uses".into(),
+            ));
+        }
         if offset.checked_add(len).is_none_or(|end| end > self.len()) {
             return Err(Error::InvalidArgument(format!(
                 "bytes {offset}..{} outside a {}-byte region",
@@ -246,6 +456,9 @@ impl MemoryRegion<'_> {
 
     /// Fills the region with `byte`.
     pub fn fill(&self, byte: u8) {
+        if self.is_layout() {
+            return; // its bytes are other regions'
+        }
         // SAFETY: the whole registration, borrowed exclusively by the region.
         unsafe { std::ptr::write_bytes(self.as_ptr(), byte, self.len()) };
         std::sync::atomic::fence(Ordering::Release);
@@ -283,8 +496,11 @@ impl MemoryRegion<'_> {
         Ok(())
     }
 
-    /// Copies the whole region into a vector.
+    /// Copies the whole region into a vector (empty for a layout region).
     pub fn to_vec(&self) -> Vec<u8> {
+        if self.is_layout() {
+            return Vec::new();
+        }
         let mut v = vec![0; self.len()];
         self.read_at(0, &mut v).expect("whole region is in bounds");
         v

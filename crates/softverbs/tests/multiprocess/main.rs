@@ -14,6 +14,7 @@ mod atomics;
 mod channel;
 mod cleanup;
 mod failure;
+mod noncontig;
 mod one_sided;
 mod rc;
 mod relaxed;

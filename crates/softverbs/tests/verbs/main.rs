@@ -7,6 +7,7 @@ mod atomics;
 mod channel;
 mod device;
 mod errors;
+mod noncontig;
 mod ordering;
 mod rc;
 mod relaxed;
