@@ -14,7 +14,9 @@
 //!   `/proc/self/fd` (a new open file description), so `O_NONBLOCK` set by the program
 //!   decides whether `ibv_get_cq_event` / `ibv_get_async_event` wait or fail with `EAGAIN`.
 //! - softverbs' own extensions (`include/softverbs/verbs_ext.h`: the seed's `ibv_poll_cq_ex`
-//!   and its compact records) are in `ext`, exported under the `SOFTVERBS_1.0` version.
+//!   and its compact records) are in `ext`, and seed 002's non-contiguous memory regions
+//!   (`ibv_mr_set_layout_sg`, `ibv_mr_set_layout_interleaved`, `ibv_query_mr_layout_caps`)
+//!   in `mrlayout`, all exported under the `SOFTVERBS_1.0` version.
 //!
 //! Every `unsafe` block dereferences pointers that the C caller passed and the verbs API
 //! requires to be valid; each says so in its `// SAFETY:` line.
@@ -24,6 +26,7 @@
 mod abi;
 mod ext;
 mod inplace;
+mod mrlayout;
 mod verbs;
 
 include!(concat!(env!("OUT_DIR"), "/stubs.rs"));

@@ -17,9 +17,10 @@ use softverbs_nic::{Error, Result};
 use std::borrow::Cow;
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
+use std::collections::HashSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::null_mut;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 const EINVAL: c_int = libc::EINVAL;
 
@@ -365,12 +366,40 @@ pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv
         async_own_fd: async_own,
     }));
     // SAFETY: `b` is a fresh, valid allocation.
-    unsafe { &mut (*b).vctx.context }
+    let ctx = unsafe { &mut (*b).vctx.context };
+    live_ctxs()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(ctx as *mut ibv_context as usize);
+    ctx
+}
+
+/// The `ibv_context` pointers handed out and not yet closed, so softverbs' extensions answer
+/// EINVAL for a pointer that is not a live context of this library instead of reading it.
+fn live_ctxs() -> &'static RwLock<HashSet<usize>> {
+    static LIVE: OnceLock<RwLock<HashSet<usize>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+/// Runs `f` on the NIC context behind `ctx` when `ctx` is a live context of ours; None
+/// otherwise (NULL, closed, or not from this library). It cannot be closed while `f` runs.
+pub(crate) fn with_live_ctx<R>(ctx: *mut ibv_context, f: impl FnOnce(&Context) -> R) -> Option<R> {
+    let live = live_ctxs().read().unwrap_or_else(|e| e.into_inner());
+    if ctx.is_null() || !live.contains(&(ctx as usize)) {
+        return None;
+    }
+    // SAFETY: a live context of ours; closing it needs the write lock we keep it from.
+    Some(f(&unsafe { ctx_of(ctx) }.nic))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sv_ibv_close_device(ctx: *mut ibv_context) -> c_int {
-    if ctx.is_null() {
+    // NULL, already closed or not ours: EINVAL rather than freeing what we never made.
+    let ours = live_ctxs()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(ctx as usize));
+    if !ours {
         return EINVAL;
     }
     // SAFETY: `ctx` came from `sv_ibv_open_device`; the wrapper was made by Box::into_raw.
@@ -786,6 +815,15 @@ pub unsafe extern "C" fn sv_ibv_reg_mr_iova2(
     if let Err(e) = Pd::effective_access(access) {
         return null(e);
     }
+    // Seed 002: `ibv_reg_mr(pd, NULL, 0, IBV_ACCESS_ZERO_BASED | ...)` makes the container a
+    // non-contiguous layout is given to (`ibv_mr_set_layout_sg` / `_interleaved`).
+    if length == 0 && access & AccessFlags::ZERO_BASED.bits() != 0 {
+        return match sv.nic.create_layout_mr(access) {
+            // SAFETY: a PD of ours.
+            Ok(nic) => new_mr(unsafe { (*pd).context }, pd, addr, 0, nic, None),
+            Err(e) => null(e),
+        };
+    }
     let backing = crate::inplace::acquire(addr as usize, length);
     // SAFETY: verbs requires the buffer to stay valid until `ibv_dereg_mr`; the NIC reaches
     // it through this process's address space, and peers through the memfd it was moved into
@@ -797,25 +835,60 @@ pub unsafe extern "C" fn sv_ibv_reg_mr_iova2(
         crate::inplace::release(b);
     }
     match r {
-        Ok(nic) => {
-            let mr = ibv_mr {
-                // SAFETY: a PD of ours.
-                context: unsafe { (*pd).context },
-                pd,
-                addr,
-                length,
-                handle: nic.key(),
-                lkey: nic.key(),
-                rkey: nic.key(),
-            };
-            Box::into_raw(Box::new(SvMr {
-                mr,
-                nic: Some(nic),
-                backing,
-            })) as *mut ibv_mr
-        }
+        // SAFETY: a PD of ours.
+        Ok(nic) => new_mr(unsafe { (*pd).context }, pd, addr, length, nic, backing),
         Err(e) => null(e),
     }
+}
+
+/// Hands a registered MR to C and records it as live.
+fn new_mr(
+    context: *mut ibv_context,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    nic: Mr,
+    backing: Option<softverbs_nic::keys::Backing>,
+) -> *mut ibv_mr {
+    let mr = ibv_mr {
+        context,
+        pd,
+        addr,
+        length,
+        handle: nic.key(),
+        lkey: nic.key(),
+        rkey: nic.key(),
+    };
+    let p = Box::into_raw(Box::new(SvMr {
+        mr,
+        nic: Some(nic),
+        backing,
+    })) as *mut ibv_mr;
+    live_mrs()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(p as usize);
+    p
+}
+
+/// The `ibv_mr` pointers handed out and not yet deregistered, so `ibv_dereg_mr`, softverbs'
+/// layout calls and the layout bind work request answer EINVAL for a pointer that is not a
+/// live MR of this library instead of reading it.
+fn live_mrs() -> &'static RwLock<HashSet<usize>> {
+    static LIVE: OnceLock<RwLock<HashSet<usize>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+/// Runs `f` on `mr` (the C struct, which `f` may update) and its NIC MR when `mr` is a live
+/// MR of ours; None otherwise. The MR cannot be deregistered while `f` runs.
+pub(crate) fn with_live_mr<R>(mr: *mut ibv_mr, f: impl FnOnce(*mut ibv_mr, &Mr) -> R) -> Option<R> {
+    let live = live_mrs().read().unwrap_or_else(|e| e.into_inner());
+    if mr.is_null() || !live.contains(&(mr as usize)) {
+        return None;
+    }
+    // SAFETY: a live SvMr of ours; deregistering it needs the write lock we keep it from.
+    let nic = unsafe { &*(mr as *const SvMr) }.nic.as_ref()?;
+    Some(f(mr, nic))
 }
 
 #[unsafe(no_mangle)]
@@ -843,10 +916,21 @@ pub unsafe extern "C" fn sv_ibv_reg_mr_iova(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    if mr.is_null() {
+    let mut live = live_mrs().write().unwrap_or_else(|e| e.into_inner());
+    // NULL, already deregistered or not ours: EINVAL rather than freeing what we never made.
+    if mr.is_null() || !live.contains(&(mr as usize)) {
         return EINVAL;
     }
-    // SAFETY: `mr` came from `sv_ibv_reg_mr_iova2` (Box::into_raw of an SvMr).
+    // SAFETY: a live SvMr of ours (we hold the write lock).
+    if let Some(nic) = &unsafe { &*(mr as *const SvMr) }.nic
+        && let Err(e) = nic.check_dereg()
+    {
+        // Seed 002: a region a non-contiguous layout uses stays registered (EBUSY).
+        return e.errno();
+    }
+    live.remove(&(mr as usize));
+    drop(live);
+    // SAFETY: `mr` came from `new_mr` (Box::into_raw of an SvMr) and was live until now.
     drop(unsafe { Box::from_raw(mr as *mut SvMr) });
     0
 }
@@ -1604,9 +1688,16 @@ unsafe fn send_wqe(w: &ibv_send_wr) -> Result<SendWqe<'static>> {
                 rkey: w.wr.atomic.rkey,
                 add: w.wr.atomic.compare_add,
             },
-            // Memory windows are not implemented; the layout bind of seed 002 (the Rust
-            // `SendOp::BindLayout`) has no C opcode yet.
-            WrOpcode::BindMw => return Err(bad("unsupported opcode")),
+            // Memory windows are not implemented. Seed 002's IBV_WR_BIND_MR is
+            // IBV_WR_BIND_MW whose `bind_mw.mw` (where the seed's `mr_set_layout.mr` lies)
+            // is a layout container of ours (`ibv_wr_bind_mr` in softverbs/verbs_ext.h).
+            WrOpcode::BindMw => {
+                let mr = w._tail[0] as usize as *mut ibv_mr;
+                match with_live_mr(mr, |_, m| m.is_layout().then(|| m.key())) {
+                    Some(Some(key)) => SendOp::BindLayout { key },
+                    _ => return Err(bad("IBV_WR_BIND_MW without a layout container")),
+                }
+            }
         }
     };
     let flags = SendFlags::from_bits_retain(w.send_flags);

@@ -13,6 +13,11 @@
 //! and `ibv_wc_ex_cq_flags` exist only there): the seed's compact records and layout helpers
 //! over RC SEND, SEND_WITH_IMM, RDMA_WRITE_WITH_IMM and READ for several CQ field sets.
 //!
+//! A third, `tests/c/noncontig.c`, also linked to the drop-in: seed 002's non-contiguous memory
+//! regions (`ibv_mr_set_layout_sg` / `ibv_mr_set_layout_interleaved`, the caps query, the two
+//! man-page examples over RC, the bind work request, every result code, key changes, dereg
+//! busy).
+//!
 //! Needs `cc` and `libibverbs-dev`; without them the tests are skipped with a message, except
 //! under `CI=true`, where they fail.
 
@@ -99,4 +104,9 @@ fn c_program_over_the_drop_in() {
 #[test]
 fn c_poll_cq_ex_compact_records() {
     run_c_program("poll_cq_ex", true);
+}
+
+#[test]
+fn c_noncontiguous_memory_regions() {
+    run_c_program("noncontig", true);
 }

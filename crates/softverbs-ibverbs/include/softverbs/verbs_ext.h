@@ -26,8 +26,14 @@
  * IBV_WC_EX_SEED_WITH_COMPLETION_TIMESTAMP_WALLCLOCK (bit 13) is softverbs' addition, a 64-bit
  * field placed after the seed's one as its compatibility rule asks.
  *
- * Linking: ibv_poll_cq_ex and ibv_wc_ex_cq_flags are exported by the softverbs libibverbs.so.1
- * only (symbol version SOFTVERBS_1.0), so link against it, e.g.
+ * The non-contiguous memory regions of seed 002 ("[RFC rdma-core 2/2] verbs: Introduce
+ * non-contiguous memory registration" and its replies) are in the second half of this header:
+ * ibv_mr_set_layout_sg, ibv_mr_set_layout_interleaved, their structs, flags and result codes,
+ * and ibv_query_mr_layout_caps.
+ *
+ * Linking: ibv_poll_cq_ex, ibv_wc_ex_cq_flags, ibv_mr_set_layout_sg,
+ * ibv_mr_set_layout_interleaved and ibv_query_mr_layout_caps are exported by the softverbs
+ * libibverbs.so.1 only (symbol version SOFTVERBS_1.0), so link against it, e.g.
  *   cc -I<softverbs>/crates/softverbs-ibverbs/include prog.c -L<dir> -libverbs
  * where <dir>/libibverbs.so is the softverbs library (target/<profile>/libibverbs.so), and run
  * the program with `softverbs run -- prog` (or LD_LIBRARY_PATH pointing there).
@@ -37,14 +43,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <infiniband/verbs.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Feature test: this header's interface version. */
-#define SOFTVERBS_VERBS_EXT 1
+/* Feature test: this header's interface version (2: non-contiguous memory regions). */
+#define SOFTVERBS_VERBS_EXT 2
 
 /* The seed's enum ibv_wc_flags_ex with the seed's values (see above for the prefix). Bits 0-3
  * are output flags of a record; bits 4 and up name the fields a CQ's records carry. */
@@ -286,6 +293,196 @@ static inline size_t ibv_wc_ex_get_size(uint64_t flags)
 		 __builtin_popcountll(flags & IBV_WC_EX_SEED_WITH_8BIT_FIELDS) *
 		 sizeof(uint8_t) + (sizeof(uint64_t) - 1)) &
 		~(sizeof(uint64_t) - 1)) + sizeof(struct ibv_wc_ex);
+}
+
+/* ---- Non-contiguous memory regions (seed 002) ------------------------------------------
+ *
+ * A layout container is a zero-length, zero-based MR, made as in the seed's examples:
+ *	container = ibv_reg_mr(pd, NULL, 0, IBV_ACCESS_ZERO_BASED | <rights>);
+ * (softverbs turns every zero-length IBV_ACCESS_ZERO_BASED registration into a container; the
+ * address is ignored). <rights> are the rights every access through the container needs, on
+ * top of the rights of the regions its layout uses, and the rights plain buffers of
+ * IBV_MR_SET_LAYOUT_REGISTER_BUFFERS layouts get. ibv_mr_set_layout_sg() or
+ * ibv_mr_set_layout_interleaved() then gives it a layout; each call replaces the previous
+ * layout. The container's key works wherever a key does, with IOVAs 0 .. length - 1: as the
+ * lkey of SEND/RECV/WRITE/READ SGEs and as the rkey of RDMA WRITE/READ (and of atomics where
+ * the datum is 8-byte aligned), every piece checked for bounds and rights in its own region.
+ *
+ * The C struct ibv_mr of a container is kept up to date by the two calls: lkey, rkey (and
+ * handle) are the container's current key, length the length of the layout last set (with
+ * IBV_MR_SET_LAYOUT_WITH_POST_WR: the staged layout's, in force once its bind work request
+ * has executed). Re-read mr->lkey / mr->rkey after every call: see "Keys" below.
+ *
+ * Results: 0, or one of enum ibv_mr_set_layout_err_code below, with errno set:
+ *	IBV_MR_SET_LAYOUT_ERR_INPUT (-1), errno EINVAL: malformed input (NULL or unknown mr, not
+ *	a container, a NULL list, negative counts, a key that is not a region of the container's
+ *	PD, a datum outside its region, the container naming itself, zero lengths or counts
+ *	...). errno ENOMEM (or another OS errno) with -1: the device ran out of resources, a
+ *	failure the seed has no code for. Either way the old layout is still in force.
+ *	IBV_MR_SET_LAYOUT_ERR_WOULD_INVALIDATE (-2), errno EBUSY: the layout needs a key change
+ *	and IBV_MR_SET_LAYOUT_AVOID_INVALIDATION was given; the old layout (and key) is intact.
+ *	IBV_MR_SET_LAYOUT_ERR_UNSUPPORTED (-3), errno EOPNOTSUPP: valid input beyond the caps
+ *	(more SGEs, entries or dimensions than struct ibv_mr_layout_caps allows, nesting deeper
+ *	than max_mr_nesting_level, a layout longer than max_mr_size, unknown flag bits); the old
+ *	layout is intact.
+ *
+ * Keys. A layout of up to max_inline_num_sg SGEs (max_inline_num_interleaved entries), or no
+ * larger than the largest the container had before, keeps the container's key; a larger one
+ * needs more room in the key entry, so the container gets a new key and the old lkey/rkey stop
+ * working at once (peers holding the old rkey get remote access errors). With
+ * IBV_MR_SET_LAYOUT_AVOID_INVALIDATION the call fails with ..._WOULD_INVALIDATE instead.
+ * num_repeated and datum_count never need room (softverbs stores the pattern, not its
+ * expansion).
+ *
+ * IBV_MR_SET_LAYOUT_WITH_POST_WR. The layout is staged, and takes effect when a bind work
+ * request for the container executes on a QP of the container's PD; work requests posted
+ * after it on that QP already see it. softverbs' form of the seed's IBV_WR_BIND_MR is
+ * IBV_WR_BIND_MW with the container where the seed's wr->mr_set_layout.mr lies (the shipped
+ * header's wr->bind_mw.mw, the same bytes): fill it with ibv_wr_bind_mr() below and post it
+ * with ibv_post_send(). It takes no SGEs and completes with opcode IBV_WC_BIND_MW
+ * (IBV_WC_MW_BIND_ERR when nothing is staged or the QP has another PD). ibv_post_send()
+ * fails with EINVAL for an IBV_WR_BIND_MW naming anything but a live container (softverbs has
+ * no memory windows). The ibv_qp_ex (ibv_wr_*) interface has no bind for layouts.
+ *
+ * Deregistration. ibv_dereg_mr() of a region a layout uses (as a datum, or nested) fails with
+ * EBUSY and leaves it registered: deregister (or re-lay-out) the container first, "in inverse
+ * order relative to registration" as the seed says.
+ *
+ * Caps. The seed puts struct ibv_mr_layout_caps into struct ibv_device_attr_ex after
+ * cq_mod_caps; the shipped struct has other fields there (max_dm_size, pci_atomic_caps, ...)
+ * and ibv_query_device_ex copies it by size, so there is no room for it without breaking the
+ * ABI. softverbs reports the caps through its own call, ibv_query_mr_layout_caps().
+ *
+ * Not in C: the page-list and bitmap registrations of the reply thread (cap flags
+ * IBV_MR_SET_LAYOUT_PAGE_LIST / _PAGE_BITMAP) are Rust-only (ProtectionDomain::reg_mr_pages /
+ * reg_mr_bitmap in the softverbs crate).
+ */
+
+/* The seed's enum ibv_mr_layout_cap_flags (bits 0..4), plus the reply thread's. */
+enum ibv_mr_layout_cap_flags {
+	IBV_MR_SET_LAYOUT_SG					= 1 << 0,
+	IBV_MR_SET_LAYOUT_INTERLEAVED				= 1 << 1,
+	/* num_repeated > 1 */
+	IBV_MR_SET_LAYOUT_INTERLEAVED_REPEAT			= 1 << 2,
+	/* num_repeated differing between entries */
+	IBV_MR_SET_LAYOUT_INTERLEAVED_NONUNIFORM_REPEAT	= 1 << 3,
+	/* entries lasting different numbers of round-robin cycles */
+	IBV_MR_SET_LAYOUT_INTERLEAVED_NONUNIFORM_DATUM_TOTAL	= 1 << 4,
+	/* IBV_MR_SET_LAYOUT_REGISTER_BUFFERS is accepted */
+	IBV_MR_SET_LAYOUT_INTERNAL_REGISTRATION		= 1 << 5,
+	/* page-list / bitmap registrations (Rust API only) */
+	IBV_MR_SET_LAYOUT_PAGE_LIST				= 1 << 6,
+	IBV_MR_SET_LAYOUT_PAGE_BITMAP				= 1 << 7,
+};
+
+/* The seed's struct ibv_mr_layout_caps (32 bytes). */
+struct ibv_mr_layout_caps {
+	uint64_t cap_flags;			/* enum ibv_mr_layout_cap_flags */
+	uint32_t max_num_sg;			/* SGEs of one SG layout */
+	uint32_t max_inline_num_sg;		/* SG layouts this small never change the key */
+	uint32_t max_num_interleaved;		/* entries of one interleaved layout */
+	uint32_t max_inline_num_interleaved;	/* interleaved layouts this small keep the key */
+	union {
+		uint32_t max_mr_stride_dimenson;	/* the seed's spelling */
+		uint32_t max_mr_stride_dimension;	/* dimensions per interleaved entry */
+	};
+	uint32_t max_mr_nesting_level;		/* a layout over plain MRs is level 1 */
+};
+
+/* The seed's enum ibv_mr_set_layout_flags, plus the reply thread's REGISTER_BUFFERS. */
+enum ibv_mr_set_layout_flags {
+	/* The layout takes effect at a bind work request (see above). */
+	IBV_MR_SET_LAYOUT_WITH_POST_WR		= 1 << 0,
+	/* Fail with IBV_MR_SET_LAYOUT_ERR_WOULD_INVALIDATE rather than change the keys. */
+	IBV_MR_SET_LAYOUT_AVOID_INVALIDATION	= 1 << 1,
+	/* SGEs (first data) with lkey 0 are plain buffers of this process, registered inside the
+	 * call with the container's rights (addr is a pointer); they must stay valid while the
+	 * layout is in force. Needs IBV_MR_SET_LAYOUT_INTERNAL_REGISTRATION. */
+	IBV_MR_SET_LAYOUT_REGISTER_BUFFERS	= 1 << 2,
+	IBV_MR_SET_LAYOUT_FLAGS_SUPPORTED	= (IBV_MR_SET_LAYOUT_REGISTER_BUFFERS << 1) - 1
+};
+
+/* The seed's struct ibv_mr_layout_interleved_dimensions (spelled as the seed spells it; the
+ * man page's struct ibv_mr_interleved_dimensions and the correctly spelled
+ * ibv_mr_layout_interleaved_dimensions name the same struct). */
+struct ibv_mr_layout_interleved_dimensions {
+	uint64_t offset_stride;	/* distance between the starts of two consecutive items */
+	uint64_t datum_count;	/* number of items in this dimension */
+};
+#define ibv_mr_interleved_dimensions ibv_mr_layout_interleved_dimensions
+#define ibv_mr_layout_interleaved_dimensions ibv_mr_layout_interleved_dimensions
+
+/* The seed's struct ibv_mr_layout_interleaved (32 bytes; the man page's example calls it
+ * struct ibv_mr_interleaved, which names the same struct). One entry of an interleaved
+ * layout: data of first_datum.length bytes, the k-th of them (k counted in mixed radix over
+ * the dimensions, dims[0] innermost) at first_datum.addr + sum(k_i * dims[i].offset_stride)
+ * of region first_datum.lkey; each round-robin cycle takes num_repeated consecutive data from
+ * each entry in list order, an exhausted entry drops out, and the layout ends when all are. */
+struct ibv_mr_layout_interleaved {
+	struct ibv_sge first_datum;
+	int num_repeated;		/* at least 1 */
+	union {
+		int num_dimensions;	/* size of dims[], at least 1 */
+		int num_dimentsions;	/* the seed header's spelling */
+	};
+	struct ibv_mr_layout_interleved_dimensions *dims;
+};
+#define ibv_mr_interleaved ibv_mr_layout_interleaved
+
+/* The seed's enum ibv_mr_set_layout_err_code (see "Results" above for errno). */
+enum ibv_mr_set_layout_err_code {
+	/* Old MR is valid, invalid input */
+	IBV_MR_SET_LAYOUT_ERR_INPUT = -1,
+	/* MR requires invalidation, but IBV_MR_SET_LAYOUT_AVOID_INVALIDATION is on */
+	IBV_MR_SET_LAYOUT_ERR_WOULD_INVALIDATE = -2,
+	/* Input valid, but the capability is unsupported (see ibv_mr_layout_caps) */
+	IBV_MR_SET_LAYOUT_ERR_UNSUPPORTED = -3,
+};
+
+/**
+ * ibv_mr_set_layout_sg - Register several memory regions as one
+ * @mr: a layout container of this library
+ * @flags: enum ibv_mr_set_layout_flags
+ * @num_sge: entries of @sg_list (at most max_num_sg)
+ * @sg_list: the data, back to back: each names a region by lkey (a container nests) and a
+ *           range in it (an address, or an offset for zero-based regions and containers)
+ *
+ * Returns 0 or an enum ibv_mr_set_layout_err_code value with errno set (see above).
+ */
+int ibv_mr_set_layout_sg(struct ibv_mr *mr, int flags, int num_sge, struct ibv_sge *sg_list);
+
+/**
+ * ibv_mr_set_layout_interleaved - Register several interleaving memory regions as one
+ * @mr: a layout container of this library
+ * @flags: enum ibv_mr_set_layout_flags
+ * @num_interleaved: entries of @interleaved_list (at most max_num_interleaved)
+ * @interleaved_list: the entries, taken round-robin
+ *
+ * Returns 0 or an enum ibv_mr_set_layout_err_code value with errno set (see above).
+ */
+int ibv_mr_set_layout_interleaved(struct ibv_mr *mr, int flags, int num_interleaved,
+				  struct ibv_mr_layout_interleaved *interleaved_list);
+
+/**
+ * ibv_query_mr_layout_caps - The seed's mr_layout_caps of ibv_query_device_ex
+ *
+ * Returns 0, or EINVAL for a NULL or unknown @context or a NULL @caps.
+ */
+int ibv_query_mr_layout_caps(struct ibv_context *context, struct ibv_mr_layout_caps *caps);
+
+/* The seed's IBV_WR_BIND_MR: softverbs' bind work request for WITH_POST_WR layouts. */
+#define IBV_WR_BIND_MR IBV_WR_BIND_MW
+
+/* Makes @wr the bind work request of container @mr (opcode, no SGEs, the container where the
+ * seed's wr->mr_set_layout.mr lies); wr_id, send_flags and next are left to the caller. */
+static inline void ibv_wr_bind_mr(struct ibv_send_wr *wr, struct ibv_mr *mr)
+{
+	wr->opcode = IBV_WR_BIND_MR;
+	wr->sg_list = NULL;
+	wr->num_sge = 0;
+	memset(&wr->bind_mw, 0, sizeof(wr->bind_mw));
+	wr->bind_mw.mw = (struct ibv_mw *)(void *)mr;
+	wr->bind_mw.rkey = mr->rkey;
 }
 
 #ifdef __cplusplus
