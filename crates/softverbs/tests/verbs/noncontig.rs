@@ -111,6 +111,47 @@ fn seed_example_one_send_from_two_buffers() {
     assert_eq!(got, want[len1 - 10..len1 + 10]);
 }
 
+#[test]
+fn a_receive_scatters_into_a_layout() {
+    // The receive side of the seed's swap: a contiguous message lands as a matrix column,
+    // through one receive SGE on the layout's lkey, and nothing else of the matrix changes.
+    let p = pair(QpType::Rc);
+    let n = 32usize;
+    let m = p.pd.alloc_mr(n * n * 8, ALL_REMOTE).unwrap();
+    let before = pattern(n * n * 8, 4);
+    m.write_at(0, &before).unwrap();
+    let col = p.pd.create_layout_mr(AccessFlags::LOCAL_WRITE).unwrap();
+    let c = 5usize;
+    col.set_layout_interleaved(NONE, &[entry(datum(&m, c * 8, 8), &[((n * 8) as u64, n as u64)])])
+        .unwrap();
+    assert_eq!(col.len(), n * 8);
+    let src = p.pd.alloc_mr(n * 8, ALL_REMOTE).unwrap();
+    let msg = pattern(n * 8, 200);
+    src.write_at(0, &msg).unwrap();
+    p.b.post_recv([RecvWr::new(9, &[col.sge(0..n * 8)])]).unwrap();
+    p.a.post_send([signaled(SendWr::new(1, SendOp::Send, &[src.sge(0..n * 8)]))])
+        .unwrap();
+    assert!(poll_n(&p.cq_a, 1)[0].is_ok());
+    let wc = poll_n(&p.cq_b, 1);
+    assert!(wc[0].is_ok(), "{wc:?}");
+    assert_eq!(wc[0].byte_len() as usize, n * 8);
+    let mut want = before.clone();
+    for r in 0..n {
+        want[(r * n + c) * 8..][..8].copy_from_slice(&msg[r * 8..][..8]);
+    }
+    assert_eq!(m.to_vec(), want);
+    // A receive layout without LOCAL_WRITE is a local protection error, and writes nothing.
+    let ro = p.pd.create_layout_mr(AccessFlags::empty()).unwrap();
+    ro.set_layout_interleaved(NONE, &[entry(datum(&m, 0, 8), &[((n * 8) as u64, n as u64)])])
+        .unwrap();
+    p.b.post_recv([RecvWr::new(10, &[ro.sge(0..n * 8)])]).unwrap();
+    p.a.post_send([signaled(SendWr::new(2, SendOp::Send, &[src.sge(0..n * 8)]))])
+        .unwrap();
+    let wc = poll_n(&p.cq_b, 1);
+    assert_eq!(wc[0].status(), WcStatus::LocProtErr, "{wc:?}");
+    assert_eq!(m.to_vec(), want, "nothing placed through a read-only layout");
+}
+
 /// A row-major `n x n` matrix of 8-byte cells.
 fn matrix(p: &Pair, n: usize) -> (MemoryRegion<'static>, Vec<u8>) {
     let m = p.pd.alloc_mr(n * n * 8, ALL_REMOTE).unwrap();
