@@ -310,3 +310,187 @@ fn layouts_between_two_processes() {
     t.send("done");
     t.finish();
 }
+
+// --- Random layouts across processes, against a byte model ------------------------------
+
+/// Bytes of the target's region that the random layouts cover.
+const RANDOM_SPAN: usize = 1 << 16;
+const RANDOM_LAYOUTS: usize = 12;
+const RANDOM_OPS: usize = 150;
+
+/// A deterministic generator both processes run with the same seed (xorshift64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+/// One interleaved entry, as offsets into the target's region: first datum (offset, length)
+/// and dimensions (stride, count), innermost first.
+type RandEntry = (u64, u64, Vec<(u64, u64)>);
+
+/// Random interleaved layouts: 1..=3 entries, each in its own slice of the region (so no two
+/// data overlap and the model is unambiguous), 1 or 2 dimensions, the same datum count for
+/// every entry of a layout (a uniform round-robin).
+fn random_layouts(seed: u64) -> Vec<Vec<RandEntry>> {
+    let mut r = Rng(seed);
+    (0..RANDOM_LAYOUTS)
+        .map(|_| {
+            let entries = r.range(1, 3);
+            let slice = RANDOM_SPAN as u64 / entries;
+            let count0 = r.range(1, 12);
+            let count1 = if r.range(0, 1) == 1 { r.range(2, 4) } else { 1 };
+            (0..entries)
+                .map(|e| {
+                    let len = r.range(1, 24);
+                    let stride0 = len + r.range(0, 40);
+                    let mut dims = vec![(stride0, count0)];
+                    if count1 > 1 {
+                        dims.push((stride0 * count0 + r.range(0, 64), count1));
+                    }
+                    let extent = dims.iter().map(|&(s, c)| s * (c - 1)).sum::<u64>() + len;
+                    let first = e * slice + r.range(0, slice - extent);
+                    (first, len, dims)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The region offset of every byte of a layout, in layout order (the seed's round-robin).
+fn expand(entries: &[RandEntry]) -> Vec<usize> {
+    let total: u64 = entries[0].2.iter().map(|d| d.1).product();
+    let mut out = Vec::new();
+    for k in 0..total {
+        for (first, len, dims) in entries {
+            let (mut rest, mut at) = (k, *first);
+            for &(stride, count) in dims {
+                at += (rest % count) * stride;
+                rest /= count;
+            }
+            out.extend((at..at + len).map(|b| b as usize));
+        }
+    }
+    out
+}
+
+const RANDOM_SEED: u64 = 0x5eed_0002_c0ff_ee11;
+
+// The target of the random test: a region, the random layouts over it as remote keys.
+peer!(peer_random_layout_target, |p| {
+    let n = node();
+    let qp = n.qp(QpType::Rc);
+    let m = n.mr(RANDOM_SPAN);
+    m.write_at(0, &pattern(RANDOM_SPAN, 17)).unwrap();
+    let layouts: Vec<MemoryRegion<'static>> = random_layouts(RANDOM_SEED)
+        .iter()
+        .map(|entries| {
+            let l = n.pd.create_layout_mr(ALL_REMOTE).unwrap();
+            let list: Vec<InterleavedEntry> = entries
+                .iter()
+                .map(|(first, len, dims)| entry(&m, *first as usize, *len as usize, dims))
+                .collect();
+            l.set_layout_interleaved(NONE, &list).unwrap();
+            l
+        })
+        .collect();
+    qp.to_init(ALL_REMOTE).unwrap();
+    for l in &layouts {
+        p.send(msg!("layout", RemoteMr::of(l)));
+    }
+    p.send(msg!("target", qp.endpoint(0).unwrap()));
+    let them: Endpoint = p.expect("initiator").get(0);
+    qp.to_rtr(&them).unwrap();
+    qp.to_rts(0).unwrap();
+    p.send("ready");
+    loop {
+        match p.recv().tag() {
+            "region" => p.send(msg!("region", hex(&m.to_vec()))),
+            "done" => break,
+            t => panic!("unknown command {t}"),
+        }
+    }
+});
+
+#[test]
+fn random_layouts_and_offsets_between_two_processes_match_a_model() {
+    let mut t = Peer::spawn("noncontig::peer_random_layout_target");
+    let remote: Vec<RemoteMr> = (0..RANDOM_LAYOUTS)
+        .map(|_| t.expect("layout").get(0))
+        .collect();
+    let tep: Endpoint = t.expect("target").get(0);
+    let n = node();
+    let qp = n.rc_to(&mut t, &tep, "ready");
+    let maps: Vec<Vec<usize>> = random_layouts(RANDOM_SEED)
+        .iter()
+        .map(|e| expand(e))
+        .collect();
+    for (rmr, map) in remote.iter().zip(&maps) {
+        assert_eq!(rmr.len, map.len(), "layout length");
+    }
+    let mut model = pattern(RANDOM_SPAN, 17);
+    let (src, dst) = (n.mr(4096), n.mr(4096));
+    let mut r = Rng(RANDOM_SEED ^ 0xabcd);
+    let (mut writes, mut reads) = (0, 0);
+    for i in 0..RANDOM_OPS {
+        let l = r.range(0, RANDOM_LAYOUTS as u64 - 1) as usize;
+        let (rmr, map) = (remote[l], &maps[l]);
+        let off = r.range(0, map.len() as u64 - 1) as usize;
+        let len = r.range(1, (map.len() - off).min(4096) as u64) as usize;
+        let write = r.range(0, 1) == 1;
+        let op = if write {
+            let bytes: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+            src.write_at(0, &bytes).unwrap();
+            for (k, b) in bytes.iter().enumerate() {
+                model[map[off + k]] = *b;
+            }
+            writes += 1;
+            SendOp::RdmaWrite {
+                remote_addr: rmr.iova + off as u64,
+                rkey: rmr.rkey,
+            }
+        } else {
+            reads += 1;
+            SendOp::RdmaRead {
+                remote_addr: rmr.iova + off as u64,
+                rkey: rmr.rkey,
+            }
+        };
+        let sge = if write {
+            src.sge(0..len)
+        } else {
+            dst.sge(0..len)
+        };
+        qp.post_send([signaled(SendWr::new(i as u64, op, &[sge]))])
+            .unwrap();
+        let wc = poll_n(&n.cq, 1, "random op")[0];
+        assert!(wc.is_ok(), "op {i} on layout {l} at {off}+{len}: {wc:?}");
+        if !write {
+            let want: Vec<u8> = (off..off + len).map(|k| model[map[k]]).collect();
+            assert_eq!(
+                compare(&dst.to_vec()[..len], &want),
+                "ok",
+                "read {i} of layout {l} at {off}+{len}"
+            );
+        }
+    }
+    assert!(writes > 20 && reads > 20, "{writes} writes, {reads} reads");
+    t.send("region");
+    let got = unhex(&t.expect("region").get::<String>(0));
+    assert_eq!(
+        compare(&got, &model),
+        "ok",
+        "the target's region after the writes"
+    );
+    t.send("done");
+    t.finish();
+}

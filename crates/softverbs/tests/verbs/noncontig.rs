@@ -122,13 +122,17 @@ fn a_receive_scatters_into_a_layout() {
     m.write_at(0, &before).unwrap();
     let col = p.pd.create_layout_mr(AccessFlags::LOCAL_WRITE).unwrap();
     let c = 5usize;
-    col.set_layout_interleaved(NONE, &[entry(datum(&m, c * 8, 8), &[((n * 8) as u64, n as u64)])])
-        .unwrap();
+    col.set_layout_interleaved(
+        NONE,
+        &[entry(datum(&m, c * 8, 8), &[((n * 8) as u64, n as u64)])],
+    )
+    .unwrap();
     assert_eq!(col.len(), n * 8);
     let src = p.pd.alloc_mr(n * 8, ALL_REMOTE).unwrap();
     let msg = pattern(n * 8, 200);
     src.write_at(0, &msg).unwrap();
-    p.b.post_recv([RecvWr::new(9, &[col.sge(0..n * 8)])]).unwrap();
+    p.b.post_recv([RecvWr::new(9, &[col.sge(0..n * 8)])])
+        .unwrap();
     p.a.post_send([signaled(SendWr::new(1, SendOp::Send, &[src.sge(0..n * 8)]))])
         .unwrap();
     assert!(poll_n(&p.cq_a, 1)[0].is_ok());
@@ -142,14 +146,22 @@ fn a_receive_scatters_into_a_layout() {
     assert_eq!(m.to_vec(), want);
     // A receive layout without LOCAL_WRITE is a local protection error, and writes nothing.
     let ro = p.pd.create_layout_mr(AccessFlags::empty()).unwrap();
-    ro.set_layout_interleaved(NONE, &[entry(datum(&m, 0, 8), &[((n * 8) as u64, n as u64)])])
+    ro.set_layout_interleaved(
+        NONE,
+        &[entry(datum(&m, 0, 8), &[((n * 8) as u64, n as u64)])],
+    )
+    .unwrap();
+    p.b.post_recv([RecvWr::new(10, &[ro.sge(0..n * 8)])])
         .unwrap();
-    p.b.post_recv([RecvWr::new(10, &[ro.sge(0..n * 8)])]).unwrap();
     p.a.post_send([signaled(SendWr::new(2, SendOp::Send, &[src.sge(0..n * 8)]))])
         .unwrap();
     let wc = poll_n(&p.cq_b, 1);
     assert_eq!(wc[0].status(), WcStatus::LocProtErr, "{wc:?}");
-    assert_eq!(m.to_vec(), want, "nothing placed through a read-only layout");
+    assert_eq!(
+        m.to_vec(),
+        want,
+        "nothing placed through a read-only layout"
+    );
 }
 
 /// A row-major `n x n` matrix of 8-byte cells.
