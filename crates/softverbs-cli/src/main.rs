@@ -7,6 +7,7 @@ mod devinfo;
 mod oob;
 mod perf;
 mod perf_cq;
+mod perf_noncontig;
 mod pingpong;
 mod run;
 

@@ -107,6 +107,10 @@ pub enum PerfCommand {
     /// Nanoseconds per completion polled through each of the four CQ polling APIs (classic,
     /// compact poll_ex, cursor, typed cursor), beside classic poll.
     CqPoll(crate::perf_cq::Args),
+    /// Messages per second and descriptor bytes per message for one matrix column sent
+    /// three ways: one SGE per cell, a CPU copy to a bounce buffer, one SGE over an
+    /// interleaved layout.
+    Noncontig(crate::perf_noncontig::Args),
 }
 
 /// The arguments of the second process, which `perf` starts itself.
@@ -1192,8 +1196,10 @@ fn spawn_peer(port: u16, page: &std::fs::File, device: Option<&str>) -> Result<P
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    if let Some(PerfCommand::CqPoll(args)) = &args.command {
-        return crate::perf_cq::run(args);
+    match &args.command {
+        Some(PerfCommand::CqPoll(args)) => return crate::perf_cq::run(args),
+        Some(PerfCommand::Noncontig(args)) => return crate::perf_noncontig::run(args),
+        None => {}
     }
     let plan = Plan::new(args)?;
     let device = crate::find_device(args.device.as_deref())?;

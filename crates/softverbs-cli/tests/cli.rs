@@ -114,3 +114,35 @@ fn perf_cq_poll_json_has_every_api_batch_and_field_set() {
         }
     }
 }
+
+#[test]
+fn perf_noncontig_json_has_rows_for_every_method() {
+    let out = softverbs(&["perf", "noncontig", "--quick", "--json"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["descriptor_bytes_independent"], true, "{v}");
+    let rows = v["rows"].as_array().expect("rows");
+    let methods: Vec<&str> = rows.iter().filter_map(|r| r["method"].as_str()).collect();
+    assert_eq!(methods, ["a", "b", "c"], "{v}");
+    for r in rows {
+        for key in [
+            "messages_per_sec",
+            "ns_per_message",
+            "descriptor_bytes",
+            "ratio_to_best_ab",
+        ] {
+            let x = r[key].as_f64().unwrap_or(-1.0);
+            assert!(x > 0.0 && x.is_finite(), "{key} in {r}");
+        }
+    }
+    // (b) and (c) post one WR with one SGE; (a) one SGE per cell of the 512-row column.
+    assert_eq!(rows[0]["sges_per_message"], 512, "{v}");
+    assert_eq!(rows[2]["sges_per_message"], 1, "{v}");
+    // Timing targets are reported, never asserted (a shared machine is noisy).
+    assert!(v["speed_target_met"].is_boolean(), "{v}");
+}

@@ -988,6 +988,21 @@ impl Compiled {
         }
     }
 
+    /// An upper bound on the number of pieces [`pieces`](Self::pieces) yields for `len`
+    /// bytes, for reserving room before a walk (one pass instead of repeated growth). Every
+    /// piece but a partial first and last one holds at least one whole datum (or page), so
+    /// the bound is `len / shortest + 2`, and never more than an SG list's data.
+    pub fn max_pieces(&self, len: u64) -> u64 {
+        let shortest = match &self.kind {
+            Kind::Sg { data, .. } => return (data.len() as u64).min(len),
+            Kind::Interleaved { entries, .. } => entries.iter().map(|e| e.len).min(),
+            Kind::Bitmap { page_size, .. } => Some(*page_size),
+        };
+        (len / shortest.unwrap_or(1).max(1))
+            .saturating_add(2)
+            .min(len)
+    }
+
     /// The pieces of layout bytes `offset..offset + len`, in order, adjacent contiguous pieces
     /// of one key merged. Lazy: nothing is walked beyond what the caller takes.
     pub fn pieces(&self, offset: u64, len: u64) -> Result<Pieces<'_>, LayoutError> {
@@ -1137,7 +1152,10 @@ pub struct Pieces<'a> {
 }
 
 impl Pieces<'_> {
-    /// The next unmerged piece (one datum, or one contiguous run of data or pages).
+    /// The next unmerged piece (one datum, or one contiguous run of data or pages). Inlined
+    /// into [`next`](Iterator::next): returned through memory, the piece's fields were
+    /// reloaded whole before their stores had landed (a store-forwarding stall per datum).
+    #[inline(always)]
     fn raw(&mut self) -> Option<Piece> {
         if self.remaining == 0 {
             return None;
@@ -1246,6 +1264,7 @@ impl Pieces<'_> {
 impl Iterator for Pieces<'_> {
     type Item = Piece;
 
+    #[inline]
     fn next(&mut self) -> Option<Piece> {
         loop {
             let Some(p) = self.raw() else {

@@ -234,6 +234,11 @@ unsafe fn piece(s: Span, d: Span, n: usize, last: bool) -> Result<(), i32> {
             }
             Ok(())
         }
+        (0, 0) if n <= 16 => {
+            // SAFETY: both ranges are valid per the caller.
+            unsafe { copy_small(s.addr as *const u8, d.addr as *mut u8, n) };
+            Ok(())
+        }
         (0, 0) => {
             // SAFETY: both ranges are valid per the caller.
             unsafe { std::ptr::copy(s.addr as *const u8, d.addr as *mut u8, n) };
@@ -242,6 +247,42 @@ unsafe fn piece(s: Span, d: Span, n: usize, last: bool) -> Result<(), i32> {
         (0, pid) => pvm_piece(s.addr, d.addr, n, pid, true),
         (pid, 0) => pvm_piece(d.addr, s.addr, n, pid, false),
         _ => Err(libc::EINVAL),
+    }
+}
+
+/// `memmove` of at most 16 bytes without a call: layouts of small data (a matrix column of
+/// 8-byte cells) copy one such piece per datum, where the call to `memmove` would cost more
+/// than the copy. Every byte is read before any is written, so overlapping ranges are fine.
+///
+/// # Safety
+/// `s` valid for reads and `d` valid for writes of `n <= 16` bytes.
+#[inline(always)]
+unsafe fn copy_small(s: *const u8, d: *mut u8, n: usize) {
+    // SAFETY (every arm): the reads and writes stay inside the `n` bytes at `s` and `d`.
+    unsafe {
+        match n {
+            8..=16 => {
+                let (a, b) = (
+                    s.cast::<u64>().read_unaligned(),
+                    s.add(n - 8).cast::<u64>().read_unaligned(),
+                );
+                d.cast::<u64>().write_unaligned(a);
+                d.add(n - 8).cast::<u64>().write_unaligned(b);
+            }
+            4..=7 => {
+                let (a, b) = (
+                    s.cast::<u32>().read_unaligned(),
+                    s.add(n - 4).cast::<u32>().read_unaligned(),
+                );
+                d.cast::<u32>().write_unaligned(a);
+                d.add(n - 4).cast::<u32>().write_unaligned(b);
+            }
+            _ => {
+                let mut tmp = [0u8; 4];
+                std::ptr::copy_nonoverlapping(s, tmp.as_mut_ptr(), n);
+                std::ptr::copy_nonoverlapping(tmp.as_ptr(), d, n);
+            }
+        }
     }
 }
 
