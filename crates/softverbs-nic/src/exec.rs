@@ -185,6 +185,41 @@ impl Spans<'_> {
     }
 }
 
+thread_local! {
+    /// Span lists of finished work requests, kept for the next ones: a layout can resolve to
+    /// thousands of spans per request, and allocating (and faulting in) that list anew each
+    /// time cost more than resolving it.
+    static SPAN_LISTS: std::cell::RefCell<Vec<Vec<Span>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Span lists kept per thread, and the largest kept (in spans: 1.5 MiB).
+const KEPT_LISTS: usize = 4;
+const KEPT_SPANS: usize = 1 << 16;
+
+/// An empty span list with room for `n`, reused when one is at hand.
+fn span_list(n: usize) -> Vec<Span> {
+    let mut v = SPAN_LISTS
+        .with(|l| l.borrow_mut().pop())
+        .unwrap_or_default();
+    v.reserve(n);
+    v
+}
+
+impl Drop for Spans<'_> {
+    fn drop(&mut self) {
+        let mut v = std::mem::take(&mut self.spans);
+        if v.capacity() > 8 && v.capacity() <= KEPT_SPANS {
+            v.clear();
+            SPAN_LISTS.with(|l| {
+                let mut l = l.borrow_mut();
+                if l.len() < KEPT_LISTS {
+                    l.push(v);
+                }
+            });
+        }
+    }
+}
+
 /// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable. An
 /// SGE whose key is a non-contiguous layout becomes the spans of its pieces.
 fn pin_sges<'k>(
@@ -194,7 +229,7 @@ fn pin_sges<'k>(
     need: AccessFlags,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Result<Spans<'k>, KeyError> {
-    let mut spans = Vec::with_capacity(sges.len());
+    let mut spans = span_list(sges.len());
     let mut pins = Vec::with_capacity(sges.len());
     let mut len = 0u64;
     for s in sges.iter().filter(|s| s.length > 0) {
@@ -301,7 +336,7 @@ impl Qp {
                 Some(Remote::One(pin, span))
             }
             Err(KeyError::Layout) => {
-                let (mut spans, mut pins) = (Vec::new(), Vec::new());
+                let (mut spans, mut pins) = (span_list(0), Vec::new());
                 let place = |p: &Pin<'_>, h: usize, n: usize| target.place(p, h, n);
                 mrlayout::pin_range(
                     keys,

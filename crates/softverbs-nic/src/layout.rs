@@ -1028,6 +1028,26 @@ impl Compiled {
         })
     }
 
+    /// Calls `f` with each piece of layout bytes `offset..offset + len`, in order, stopping at
+    /// `f`'s first error. Unlike [`pieces`](Self::pieces) adjacent pieces are not merged (a
+    /// piece is a datum, or a contiguous run of one entry), and the walk's state stays in
+    /// registers across the loop: the data path's per-datum cost.
+    #[inline]
+    pub fn try_for_each_piece<E>(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(Piece) -> Result<(), E>,
+    ) -> Result<Result<(), E>, LayoutError> {
+        let mut it = self.pieces(offset, len)?;
+        while let Some(p) = it.raw() {
+            if let Err(e) = f(p) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
+    }
+
     /// Appends to `out` the pieces of layout bytes `offset..offset + len` (see
     /// [`pieces`](Self::pieces)); merges with `out`'s last piece when contiguous.
     pub fn resolve(&self, offset: u64, len: u64, out: &mut Vec<Piece>) -> Result<(), LayoutError> {
@@ -1197,8 +1217,15 @@ impl Pieces<'_> {
                     len: take,
                 };
                 let pos = *intra + take;
-                *rep += pos / e.len;
-                *intra = pos % e.len;
+                if pos == run * e.len {
+                    // Whole data taken (the usual case): no division, which would cost more
+                    // than the rest of the step.
+                    *rep += run;
+                    *intra = 0;
+                } else {
+                    *rep += pos / e.len;
+                    *intra = pos % e.len;
+                }
                 if *rep == contrib && self.remaining > take {
                     // Next entry with data in this cycle, else the next cycle (and phase).
                     *rep = 0;

@@ -96,6 +96,10 @@ pub(crate) unsafe fn copy_ordered(src: &[Span], dst: &[Span]) -> Result<usize, i
     if total == 0 {
         return Ok(0);
     }
+    // SAFETY: forwarded from the caller.
+    if unsafe { gather_or_scatter(src, dst, total) } {
+        return Ok(total);
+    }
     let mut walk = Walk::default();
     // SAFETY (both calls): forwarded from the caller.
     walk.run(src, dst, total - 1, |s, d, n| unsafe {
@@ -104,6 +108,54 @@ pub(crate) unsafe fn copy_ordered(src: &[Span], dst: &[Span]) -> Result<usize, i
     fence(Ordering::Release);
     walk.run(src, dst, 1, |s, d, n| unsafe { piece(s, d, n, true) })?;
     Ok(total)
+}
+
+/// The strict copy of `total` bytes when one side is a single local span and the other a list
+/// of local spans (a layout's data gathered into, or scattered from, a plain buffer): one
+/// tight loop over the list instead of walking both sides piece by piece. False (nothing
+/// copied) for any other shape.
+///
+/// # Safety
+/// As for [`copy_ordered`]; `total` is at most the bytes of each side and at least 1.
+unsafe fn gather_or_scatter(src: &[Span], dst: &[Span], total: usize) -> bool {
+    let (one, many, gather) = match (src, dst) {
+        (_, [d]) if src.len() > 1 => (*d, src, true),
+        ([s], _) if dst.len() > 1 => (*s, dst, false),
+        _ => return false,
+    };
+    if one.pid != 0 || many.iter().any(|s| s.pid != 0) {
+        return false;
+    }
+    let mut at = one.addr;
+    let mut left = total;
+    for s in many {
+        if left == 0 {
+            break;
+        }
+        let n = s.len.min(left);
+        // The final byte goes last, with release ordering, as in `copy_ordered`.
+        let body = if n == left { n - 1 } else { n };
+        let (from, to) = if gather { (s.addr, at) } else { (at, s.addr) };
+        // SAFETY: both ranges lie in the caller's valid spans (`n` is within both sides).
+        unsafe {
+            if body <= 16 {
+                copy_small(from as *const u8, to as *mut u8, body);
+            } else {
+                std::ptr::copy(from as *const u8, to as *mut u8, body);
+            }
+        }
+        if body < n {
+            fence(Ordering::Release);
+            // SAFETY: one valid byte on each side.
+            unsafe {
+                let b = ((from + body) as *const u8).read();
+                AtomicU8::from_ptr((to + body) as *mut u8).store(b, Ordering::Release);
+            }
+        }
+        at += n;
+        left -= n;
+    }
+    true
 }
 
 /// Copies like [`copy_ordered`], in the order `placement` asks for: strict (final byte last),
@@ -224,7 +276,25 @@ impl Walk {
 ///
 /// # Safety
 /// Local sides must be valid for `n` bytes (reads for `s`, writes for `d`).
+#[inline(always)]
 unsafe fn piece(s: Span, d: Span, n: usize, last: bool) -> Result<(), i32> {
+    // The datum of a layout (a matrix cell) is a small local piece, one per datum: copied
+    // here without a call, the rest below.
+    if (s.pid | d.pid) == 0 && !last && n <= 16 {
+        // SAFETY: both ranges are valid per the caller.
+        unsafe { copy_small(s.addr as *const u8, d.addr as *mut u8, n) };
+        return Ok(());
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { piece_other(s, d, n, last) }
+}
+
+/// [`piece`] for everything but small local pieces.
+///
+/// # Safety
+/// As for [`piece`].
+#[inline(never)]
+unsafe fn piece_other(s: Span, d: Span, n: usize, last: bool) -> Result<(), i32> {
     match (s.pid, d.pid) {
         (0, 0) if last => {
             // SAFETY: one valid byte on each side.

@@ -425,7 +425,6 @@ where
     }
     let (cpin, r) = keys.pin_layout(key, pd, iova, len, need)?;
     let layout = compiled(&r, key).ok_or(KeyError::Invalid)?;
-    let pieces = layout.pieces(r.offset, len).map_err(|_| KeyError::Bounds)?;
     // Room for every piece at once: a column of 4096 cells would otherwise regrow (and
     // copy) the list a dozen times per work request.
     let room = layout.max_pieces(len).min(MAX_PIECES as u64) as usize;
@@ -435,7 +434,7 @@ where
     // The pin of the last plain region a piece was in: consecutive pieces of one region
     // (the usual case: a column of one matrix) share it instead of pinning again.
     let mut last: Option<usize> = None;
-    for p in pieces {
+    let visit = |p: crate::layout::Piece| -> std::result::Result<(), KeyError> {
         if spans.len() >= MAX_PIECES {
             return Err(KeyError::Bounds);
         }
@@ -448,22 +447,24 @@ where
                 return Err(KeyError::Bounds);
             }
             spans.push(place(&pins[container], host, n).ok_or(KeyError::Invalid)?);
-            continue;
+            return Ok(());
         }
         if let Some(i) = last
             && pins[i].key() == p.key
             && let Some(host) = pins[i].rebase(p.addr, p.len)
         {
             spans.push(place(&pins[i], host, n).ok_or(KeyError::Invalid)?);
-            continue;
+            return Ok(());
         }
         match keys.pin(p.key, pd, p.addr, p.len, need) {
             Ok(pin) => {
                 spans.push(place(&pin, pin.host, n).ok_or(KeyError::Invalid)?);
                 pins.push(pin);
                 last = Some(pins.len() - 1);
+                Ok(())
             }
             Err(KeyError::Layout) => {
+                last = None;
                 pin_range(
                     keys,
                     pd,
@@ -475,13 +476,14 @@ where
                     spans,
                     pins,
                     level + 1,
-                )?;
-                last = None;
+                )
             }
-            Err(e) => return Err(e),
+            Err(e) => Err(e),
         }
-    }
-    Ok(())
+    };
+    layout
+        .try_for_each_piece(r.offset, len, visit)
+        .map_err(|_| KeyError::Bounds)?
 }
 
 /// Maps a set-layout failure to the verbs error, naming the seed's result code.
