@@ -548,7 +548,7 @@ impl Qp {
             [w] => *w,
             _ => Span::local(1, 0), // refused just below
         };
-        if word.addr % 8 != 0 || word.pid != 0 || word.len != 8 {
+        if word.addr % 8 != 0 || word.pid != 0 || word.len != 8 || word.count != 1 {
             return self.remote_error(
                 target,
                 WcStatus::RemInvReqErr,

@@ -174,6 +174,30 @@ pub struct Piece {
     pub len: u64,
 }
 
+/// `count` pieces of `len` bytes of one region, piece `i` at `addr + i * stride`: a column of
+/// a matrix is one run, however many rows it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Run {
+    pub key: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub stride: u64,
+    pub count: u64,
+}
+
+impl Run {
+    /// One piece as a run.
+    pub fn one(p: Piece) -> Run {
+        Run {
+            key: p.key,
+            addr: p.addr,
+            len: p.len,
+            stride: 0,
+            count: 1,
+        }
+    }
+}
+
 bitflags! {
     /// `enum ibv_mr_layout_cap_flags` (bits 0..=4 are the seed's), plus the reply thread's
     /// extensions.
@@ -1048,6 +1072,76 @@ impl Compiled {
         Ok(Ok(()))
     }
 
+    /// Calls `f` with the runs of layout bytes `offset..offset + len`, in order: the same
+    /// bytes as [`try_for_each_piece`](Self::try_for_each_piece), but a layout of one strided
+    /// entry (a matrix column) comes as one run of its whole data (plus partial data at either
+    /// end), found in constant time, so its cost does not grow with the column.
+    pub fn try_for_each_run<E>(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(Run) -> Result<(), E>,
+    ) -> Result<Result<(), E>, LayoutError> {
+        if let Kind::Interleaved { entries, .. } = &self.kind
+            && let [e] = entries.as_slice()
+            && let [d] = &*e.dims
+            && !e.contig
+        {
+            match offset.checked_add(len) {
+                Some(end) if end <= self.size => {}
+                _ => {
+                    return Err(LayoutError::OutOfBounds {
+                        offset,
+                        len,
+                        size: self.size,
+                    });
+                }
+            }
+            // One entry: data follow each other in order, datum `k` at layout offset
+            // `k * e.len`; compilation checked every datum's end fits in `u64`.
+            let stride = d.offset_stride;
+            let (mut k, intra) = (offset / e.len, offset % e.len);
+            let mut left = len;
+            let piece = |k: u64, intra: u64, n: u64| Run {
+                key: e.key,
+                addr: e.addr + k * stride + intra,
+                len: n,
+                stride: 0,
+                count: 1,
+            };
+            if intra > 0 && left > 0 {
+                let n = (e.len - intra).min(left);
+                if let Err(x) = f(piece(k, intra, n)) {
+                    return Ok(Err(x));
+                }
+                left -= n;
+                k += 1;
+            }
+            let whole = left / e.len;
+            if whole > 0 {
+                let run = Run {
+                    key: e.key,
+                    addr: e.addr + k * stride,
+                    len: e.len,
+                    stride,
+                    count: whole,
+                };
+                if let Err(x) = f(run) {
+                    return Ok(Err(x));
+                }
+                left -= whole * e.len;
+                k += whole;
+            }
+            if left > 0
+                && let Err(x) = f(piece(k, 0, left))
+            {
+                return Ok(Err(x));
+            }
+            return Ok(Ok(()));
+        }
+        self.try_for_each_piece(offset, len, |p| f(Run::one(p)))
+    }
+
     /// Appends to `out` the pieces of layout bytes `offset..offset + len` (see
     /// [`pieces`](Self::pieces)); merges with `out`'s last piece when contiguous.
     pub fn resolve(&self, offset: u64, len: u64, out: &mut Vec<Piece>) -> Result<(), LayoutError> {
@@ -1320,6 +1414,76 @@ mod tests {
 
     fn il(list: Vec<InterleavedEntry>) -> Compiled {
         Layout::Interleaved(list).compile(NONE, &CAPS).unwrap()
+    }
+
+    /// The bytes (region address order of the layout) of a range, through runs.
+    fn run_bytes(c: &Compiled, off: u64, len: u64) -> Vec<(u32, u64)> {
+        let mut v = Vec::new();
+        c.try_for_each_run(off, len, |r| {
+            for i in 0..r.count {
+                let a = r.addr + i * r.stride;
+                v.extend((a..a + r.len).map(|b| (r.key, b)));
+            }
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+        v
+    }
+
+    fn piece_bytes(c: &Compiled, off: u64, len: u64) -> Vec<(u32, u64)> {
+        let mut v = Vec::new();
+        for p in c.pieces(off, len).unwrap() {
+            v.extend((p.addr..p.addr + p.len).map(|b| (p.key, b)));
+        }
+        v
+    }
+
+    #[test]
+    fn runs_cover_the_same_bytes_as_pieces() {
+        let column = il(vec![InterleavedEntry::new(
+            Datum::new(7, 0x1000, 8),
+            vec![Dim::new(4096 * 8, 64)],
+        )]);
+        let odd = il(vec![InterleavedEntry::new(
+            Datum::new(7, 0x1000, 5),
+            vec![Dim::new(13, 9)],
+        )]);
+        let block = il(vec![InterleavedEntry::new(
+            Datum::new(7, 0x1000, 8),
+            vec![Dim::new(8, 3), Dim::new(128, 4)],
+        )]);
+        let two = il(vec![
+            InterleavedEntry::new(Datum::new(7, 0x1000, 4), vec![Dim::new(16, 6)]),
+            InterleavedEntry::new(Datum::new(8, 0x9000, 4), vec![Dim::new(16, 6)]),
+        ]);
+        for c in [&column, &odd, &block, &two] {
+            for off in 0..c.len() {
+                for len in [0, 1, 3, 5, 8, 9, 17, c.len() - off] {
+                    let len = len.min(c.len() - off);
+                    assert_eq!(
+                        run_bytes(c, off, len),
+                        piece_bytes(c, off, len),
+                        "{off}+{len}"
+                    );
+                }
+            }
+        }
+        // The column is one run, whatever its length.
+        let mut runs = 0;
+        column
+            .try_for_each_run(0, column.len(), |_| {
+                runs += 1;
+                Ok::<(), ()>(())
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(runs, 1);
+        assert!(
+            column
+                .try_for_each_run(8, column.len(), |_| Ok::<(), ()>(()))
+                .is_err()
+        );
     }
 
     fn sg(list: Vec<Datum>) -> Compiled {

@@ -18,6 +18,11 @@ pub(crate) struct Span {
     pub addr: usize,
     pub len: usize,
     pub pid: u32,
+    /// Pieces in the span: `count` of `len` bytes, piece `i` at `addr + i * stride` (a layout's
+    /// strided data, kept whole so a matrix column costs one span, not one per cell); 1 for a
+    /// plain range.
+    pub count: usize,
+    pub stride: usize,
 }
 
 impl Span {
@@ -26,8 +31,42 @@ impl Span {
     }
 
     pub(crate) fn local(addr: usize, len: usize) -> Span {
-        Span { addr, len, pid: 0 }
+        Span::at(addr, len, 0)
     }
+
+    /// `len` bytes at `addr` of process `pid` (0: this one).
+    pub(crate) fn at(addr: usize, len: usize, pid: u32) -> Span {
+        Span {
+            addr,
+            len,
+            pid,
+            count: 1,
+            stride: 0,
+        }
+    }
+
+    /// Bytes in the span.
+    pub(crate) fn bytes(&self) -> usize {
+        self.len * self.count
+    }
+}
+
+/// `spans` with every strided span split into its pieces: the shape the general copy walks.
+fn flat(spans: &[Span]) -> std::borrow::Cow<'_, [Span]> {
+    if spans.iter().all(|s| s.count == 1) {
+        return std::borrow::Cow::Borrowed(spans);
+    }
+    let mut out = Vec::with_capacity(spans.iter().map(|s| s.count).sum());
+    for s in spans {
+        out.extend((0..s.count).map(|i| Span::at(s.addr + i * s.stride, s.len, s.pid)));
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Bytes of `src` and `dst` that a copy moves: as many as both hold.
+fn common_bytes(src: &[Span], dst: &[Span]) -> usize {
+    let bytes = |v: &[Span]| v.iter().map(Span::bytes).sum::<usize>();
+    bytes(src).min(bytes(dst))
 }
 
 /// Copies one piece between this process and `pid` with cross-memory attach.
@@ -88,11 +127,7 @@ fn explain_eperm(pid: u32) {
 /// for the duration of the call. Spans may overlap (each piece is copied with `memmove`
 /// semantics).
 pub(crate) unsafe fn copy_ordered(src: &[Span], dst: &[Span]) -> Result<usize, i32> {
-    let total = src
-        .iter()
-        .map(|s| s.len)
-        .sum::<usize>()
-        .min(dst.iter().map(|s| s.len).sum());
+    let total = common_bytes(src, dst);
     if total == 0 {
         return Ok(0);
     }
@@ -100,6 +135,8 @@ pub(crate) unsafe fn copy_ordered(src: &[Span], dst: &[Span]) -> Result<usize, i
     if unsafe { gather_or_scatter(src, dst, total) } {
         return Ok(total);
     }
+    let (src, dst) = (flat(src), flat(dst));
+    let (src, dst) = (&*src, &*dst);
     let mut walk = Walk::default();
     // SAFETY (both calls): forwarded from the caller.
     walk.run(src, dst, total - 1, |s, d, n| unsafe {
@@ -119,8 +156,10 @@ pub(crate) unsafe fn copy_ordered(src: &[Span], dst: &[Span]) -> Result<usize, i
 /// As for [`copy_ordered`]; `total` is at most the bytes of each side and at least 1.
 unsafe fn gather_or_scatter(src: &[Span], dst: &[Span], total: usize) -> bool {
     let (one, many, gather) = match (src, dst) {
-        (_, [d]) if src.len() > 1 => (*d, src, true),
-        ([s], _) if dst.len() > 1 => (*s, dst, false),
+        ([s], [d]) if d.count == 1 && s.count > 1 => (*d, src, true),
+        ([s], [d]) if s.count == 1 && d.count > 1 => (*s, dst, false),
+        (_, [d]) if src.len() > 1 && d.count == 1 => (*d, src, true),
+        ([s], _) if dst.len() > 1 && s.count == 1 => (*s, dst, false),
         _ => return false,
     };
     if one.pid != 0 || many.iter().any(|s| s.pid != 0) {
@@ -128,32 +167,35 @@ unsafe fn gather_or_scatter(src: &[Span], dst: &[Span], total: usize) -> bool {
     }
     let mut at = one.addr;
     let mut left = total;
-    for s in many {
-        if left == 0 {
-            break;
-        }
-        let n = s.len.min(left);
-        // The final byte goes last, with release ordering, as in `copy_ordered`.
-        let body = if n == left { n - 1 } else { n };
-        let (from, to) = if gather { (s.addr, at) } else { (at, s.addr) };
-        // SAFETY: both ranges lie in the caller's valid spans (`n` is within both sides).
-        unsafe {
-            if body <= 16 {
-                copy_small(from as *const u8, to as *mut u8, body);
-            } else {
-                std::ptr::copy(from as *const u8, to as *mut u8, body);
+    'spans: for s in many {
+        for i in 0..s.count {
+            if left == 0 {
+                break 'spans;
             }
-        }
-        if body < n {
-            fence(Ordering::Release);
-            // SAFETY: one valid byte on each side.
+            let n = s.len.min(left);
+            // The final byte goes last, with release ordering, as in `copy_ordered`.
+            let body = if n == left { n - 1 } else { n };
+            let piece = s.addr + i * s.stride;
+            let (from, to) = if gather { (piece, at) } else { (at, piece) };
+            // SAFETY: both ranges lie in the caller's valid spans (`n` is within both sides).
             unsafe {
-                let b = ((from + body) as *const u8).read();
-                AtomicU8::from_ptr((to + body) as *mut u8).store(b, Ordering::Release);
+                if body <= 16 {
+                    copy_small(from as *const u8, to as *mut u8, body);
+                } else {
+                    std::ptr::copy(from as *const u8, to as *mut u8, body);
+                }
             }
+            if body < n {
+                fence(Ordering::Release);
+                // SAFETY: one valid byte on each side.
+                unsafe {
+                    let b = ((from + body) as *const u8).read();
+                    AtomicU8::from_ptr((to + body) as *mut u8).store(b, Ordering::Release);
+                }
+            }
+            at += n;
+            left -= n;
         }
-        at += n;
-        left -= n;
     }
     true
 }
@@ -171,20 +213,25 @@ pub(crate) unsafe fn copy_placed(
     placement: Placement,
     observer: Option<&(dyn Fn(&ScrambledPiece) + Send + Sync)>,
 ) -> Result<usize, i32> {
-    let total = src
-        .iter()
-        .map(|s| s.len)
-        .sum::<usize>()
-        .min(dst.iter().map(|s| s.len).sum());
+    let total = common_bytes(src, dst);
     match placement {
         // SAFETY: forwarded from the caller.
         Placement::Strict => unsafe { copy_ordered(src, dst) },
+        // Strict order is one of the orders relaxed allows, and the fastest for a gather.
+        // SAFETY: forwarded from the caller.
+        Placement::Relaxed if total > 0 && unsafe { gather_or_scatter(src, dst, total) } => {
+            Ok(total)
+        }
         Placement::Relaxed => {
+            let (src, dst) = (flat(src), flat(dst));
+            let (src, dst) = (&*src, &*dst);
             // SAFETY: forwarded from the caller.
             Walk::default().run(src, dst, total, |s, d, n| unsafe { piece(s, d, n, false) })?;
             Ok(total)
         }
         Placement::Scrambled => {
+            let (src, dst) = (flat(src), flat(dst));
+            let (src, dst) = (&*src, &*dst);
             let len = ordering::piece_len(total);
             let pieces = total.div_ceil(len);
             for (step, index) in ordering::scrambled_order(pieces, ordering::next_seed())
@@ -494,38 +541,62 @@ mod tests {
             Span::local(data.as_ptr() as usize + 100, 200),
         ];
         let remote = [
-            Span {
-                addr: dst.as_mut_ptr() as usize,
-                len: 250,
-                pid: me,
-            },
-            Span {
-                addr: dst.as_mut_ptr() as usize + 250,
-                len: 50,
-                pid: me,
-            },
+            Span::at(dst.as_mut_ptr() as usize, 250, me),
+            Span::at(dst.as_mut_ptr() as usize + 250, 50, me),
         ];
         // SAFETY: all spans cover live local vectors.
         assert_eq!(unsafe { copy_ordered(&src, &remote) }, Ok(300));
         assert_eq!(dst, data);
         let mut back = vec![0u8; 300];
         let local = [Span::local(back.as_mut_ptr() as usize, 300)];
-        let from = [Span {
-            addr: dst.as_ptr() as usize,
-            len: 300,
-            pid: me,
-        }];
+        let from = [Span::at(dst.as_ptr() as usize, 300, me)];
         // SAFETY: as above.
         assert_eq!(unsafe { copy_ordered(&from, &local) }, Ok(300));
         assert_eq!(back, data);
         // An address the peer does not map is an error, not a fault.
-        let bad = [Span {
-            addr: 8,
-            len: 16,
-            pid: me,
-        }];
+        let bad = [Span::at(8, 16, me)];
         // SAFETY: the local side is valid; the bad side is only touched by the kernel.
         assert!(unsafe { copy_ordered(&src, &bad) }.is_err());
+    }
+
+    #[test]
+    fn strided_spans_gather_and_scatter_in_every_placement() {
+        // A 10-row "column" of 3-byte data, 16 bytes apart, in a 160-byte matrix.
+        let matrix = pattern_bytes(160);
+        let column: Vec<u8> = (0..10)
+            .flat_map(|r| matrix[r * 16..][..3].to_vec())
+            .collect();
+        let strided = |addr: usize, pid: u32| Span {
+            count: 10,
+            stride: 16,
+            ..Span::at(addr, 3, pid)
+        };
+        let me = std::process::id();
+        for placement in [Placement::Strict, Placement::Relaxed, Placement::Scrambled] {
+            for pid in [0, me] {
+                // Gather: the column into a contiguous buffer (and 2 bytes short of it).
+                for want in [30usize, 28] {
+                    let mut out = vec![0u8; want];
+                    let src = [strided(matrix.as_ptr() as usize, pid)];
+                    let dst = [Span::local(out.as_mut_ptr() as usize, want)];
+                    // SAFETY: the spans cover live local vectors.
+                    let n = unsafe { copy_placed(&src, &dst, placement, None) };
+                    assert_eq!(n, Ok(want), "{placement:?} pid {pid}");
+                    assert_eq!(out, column[..want], "{placement:?} pid {pid}");
+                }
+                // Scatter: contiguous bytes into the column; the rest of the matrix untouched.
+                let mut m = matrix.clone();
+                let fresh = vec![0xeeu8; 30];
+                let src = [Span::of(&fresh)];
+                let dst = [strided(m.as_mut_ptr() as usize, pid)];
+                // SAFETY: as above.
+                assert_eq!(unsafe { copy_placed(&src, &dst, placement, None) }, Ok(30));
+                for (i, b) in m.iter().enumerate() {
+                    let in_column = i % 16 < 3 && i < 160;
+                    assert_eq!(*b, if in_column { 0xee } else { matrix[i] }, "byte {i}");
+                }
+            }
+        }
     }
 
     fn pattern_bytes(n: usize) -> Vec<u8> {

@@ -434,55 +434,83 @@ where
     // The pin of the last plain region a piece was in: consecutive pieces of one region
     // (the usual case: a column of one matrix) share it instead of pinning again.
     let mut last: Option<usize> = None;
-    let visit = |p: crate::layout::Piece| -> std::result::Result<(), KeyError> {
+    let visit = |run: crate::layout::Run| -> std::result::Result<(), KeyError> {
         if spans.len() >= MAX_PIECES {
             return Err(KeyError::Bounds);
         }
-        let n = usize::try_from(p.len).map_err(|_| KeyError::Bounds)?;
-        if p.key == PLAIN_KEY {
+        // A run is `count` data of `len` bytes, `stride` apart: checked, pinned and placed
+        // as the one range from its first byte to its last, then described as a strided span.
+        let extent = run
+            .count
+            .checked_sub(1)
+            .and_then(|c| c.checked_mul(run.stride))
+            .and_then(|b| b.checked_add(run.len))
+            .ok_or(KeyError::Bounds)?;
+        let (len, count, stride) = (
+            usize::try_from(run.len).map_err(|_| KeyError::Bounds)?,
+            usize::try_from(run.count).map_err(|_| KeyError::Bounds)?,
+            usize::try_from(run.stride).map_err(|_| KeyError::Bounds)?,
+        );
+        let n = usize::try_from(extent).map_err(|_| KeyError::Bounds)?;
+        let strided = |s: Span| Span {
+            len,
+            count,
+            stride,
+            ..s
+        };
+        if run.key == PLAIN_KEY {
             // An owner buffer registered with the layout: covered by the container's pin
             // and rights (checked above).
-            let host = usize::try_from(p.addr).map_err(|_| KeyError::Bounds)?;
+            let host = usize::try_from(run.addr).map_err(|_| KeyError::Bounds)?;
             if host.checked_add(n).is_none() {
                 return Err(KeyError::Bounds);
             }
-            spans.push(place(&pins[container], host, n).ok_or(KeyError::Invalid)?);
+            let s = place(&pins[container], host, n).ok_or(KeyError::Invalid)?;
+            spans.push(strided(s));
             return Ok(());
         }
         if let Some(i) = last
-            && pins[i].key() == p.key
-            && let Some(host) = pins[i].rebase(p.addr, p.len)
+            && pins[i].key() == run.key
+            && let Some(host) = pins[i].rebase(run.addr, extent)
         {
-            spans.push(place(&pins[i], host, n).ok_or(KeyError::Invalid)?);
+            spans.push(strided(place(&pins[i], host, n).ok_or(KeyError::Invalid)?));
             return Ok(());
         }
-        match keys.pin(p.key, pd, p.addr, p.len, need) {
+        match keys.pin(run.key, pd, run.addr, extent, need) {
             Ok(pin) => {
-                spans.push(place(&pin, pin.host, n).ok_or(KeyError::Invalid)?);
+                spans.push(strided(place(&pin, pin.host, n).ok_or(KeyError::Invalid)?));
                 pins.push(pin);
                 last = Some(pins.len() - 1);
                 Ok(())
             }
             Err(KeyError::Layout) => {
                 last = None;
-                pin_range(
-                    keys,
-                    pd,
-                    p.key,
-                    p.addr,
-                    p.len,
-                    need,
-                    place,
-                    spans,
-                    pins,
-                    level + 1,
-                )
+                // Data of a nested layout: each a range of it, resolved in turn.
+                (0..run.count).try_for_each(|i| {
+                    // In range: `i * stride` is at most `extent`, checked above.
+                    let addr = run
+                        .addr
+                        .checked_add(i * run.stride)
+                        .ok_or(KeyError::Bounds)?;
+                    pin_range(
+                        keys,
+                        pd,
+                        run.key,
+                        addr,
+                        run.len,
+                        need,
+                        place,
+                        spans,
+                        pins,
+                        level + 1,
+                    )
+                })
             }
             Err(e) => Err(e),
         }
     };
     layout
-        .try_for_each_piece(r.offset, len, visit)
+        .try_for_each_run(r.offset, len, visit)
         .map_err(|_| KeyError::Bounds)?
 }
 

@@ -401,11 +401,7 @@ impl RemoteQp {
     /// pin, a plain buffer of its layout, which has no backing).
     pub(crate) fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Result<Span> {
         let Some(b) = pin.backing_at(host) else {
-            return Ok(Span {
-                addr: host,
-                len,
-                pid: self.pid,
-            });
+            return Ok(Span::at(host, len, self.pid));
         };
         let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
         let seg = match maps.get(&(b.fd, b.ino)) {
@@ -422,11 +418,7 @@ impl RemoteQp {
                 "peer registration outside its memfd".into(),
             ));
         }
-        Ok(Span {
-            addr: seg.as_ptr() as usize + b.offset as usize,
-            len,
-            pid: 0,
-        })
+        Ok(Span::local(seg.as_ptr() as usize + b.offset as usize, len))
     }
 }
 
