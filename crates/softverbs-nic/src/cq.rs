@@ -381,6 +381,7 @@ impl Cq {
     /// `poll_ex` of seed 000: writes up to `max` completions as compact records
     /// ([`Layout`]) into `buf`, back to back; returns how many. `buf` shorter than `max`
     /// records limits `max`.
+    #[inline]
     pub fn poll_compact(&self, buf: &mut [u8], max: usize) -> usize {
         let layout = self.layout;
         let size = layout.size();

@@ -192,6 +192,7 @@ impl CompletionQueue {
     /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[inline]
     pub fn poll_ex(&self, buf: &mut [u8], attr: PollCqExAttr) -> Result<usize> {
         if attr.comp_mask != 0 {
             return Err(Error::InvalidArgument(format!(
