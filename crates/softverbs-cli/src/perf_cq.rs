@@ -22,6 +22,7 @@
 //! round over every case and API (the API order rotating), so machine noise hits all alike.
 
 use crate::Result;
+use crate::perf::{count_arg, median, print_report};
 use serde::Serialize;
 use softverbs::compact::{self, SeedWcFlags as S};
 use softverbs::nic::clock::{Clock, WallClock};
@@ -632,27 +633,14 @@ impl Report {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 pub fn run(args: &Args) -> Result<()> {
-    let n = args.completions.unwrap_or(if args.quick {
-        QUICK_COMPLETIONS
-    } else {
-        DEFAULT_COMPLETIONS
-    });
-    if n == 0 {
-        return Err("--completions must be at least 1".into());
-    }
-    if n > 1 << 40 {
-        return Err(format!("--completions {n}: too many").into());
-    }
+    let n = count_arg(
+        "--completions",
+        args.completions,
+        args.quick,
+        (DEFAULT_COMPLETIONS, QUICK_COMPLETIONS),
+        1 << 40,
+    )?;
     let fills = n.div_ceil(PER_FILL as u64);
     let device = crate::find_device(args.device.as_deref())?;
     let mut benches = FIELD_SETS
@@ -765,12 +753,7 @@ pub fn run(args: &Args) -> Result<()> {
         targets_met: rows.iter().all(|r| r.meets_target != Some(false)),
         rows,
     };
-    let text = if args.json {
-        format!("{}\n", serde_json::to_string(&report)?)
-    } else {
-        report.text()
-    };
-    crate::write_stdout(&text)
+    print_report(&report, args.json, Report::text)
 }
 
 #[cfg(test)]
@@ -790,11 +773,5 @@ mod tests {
                 assert_eq!(got[0].count, PER_FILL as u64);
             }
         }
-    }
-
-    #[test]
-    fn median_of_odd_and_even() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
     }
 }

@@ -34,6 +34,7 @@
 //! the run.
 
 use crate::Result;
+use crate::perf::{count_arg, median, print_report};
 use serde::Serialize;
 use softverbs::{
     AccessFlags, CompletionQueue, Context, Datum, Dim, InterleavedEntry, MemoryRegion,
@@ -469,27 +470,14 @@ impl Report {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 pub fn run(args: &Args) -> Result<()> {
-    let iters = args.iters.unwrap_or(if args.quick {
-        QUICK_ITERS
-    } else {
-        DEFAULT_ITERS
-    });
-    if iters == 0 {
-        return Err("--iters must be at least 1".into());
-    }
-    if iters > 100_000_000 {
-        return Err(format!("--iters {iters}: too many").into());
-    }
+    let iters = count_arg(
+        "--iters",
+        args.iters,
+        args.quick,
+        (DEFAULT_ITERS, QUICK_ITERS),
+        100_000_000,
+    )?;
     let warmup = (iters / 10).clamp(3, 200);
     let device = crate::find_device(args.device.as_deref())?;
     let sizes: &[usize] = if args.quick {
@@ -575,12 +563,7 @@ pub fn run(args: &Args) -> Result<()> {
         descriptors,
         rows,
     };
-    let text = if args.json {
-        format!("{}\n", serde_json::to_string(&report)?)
-    } else {
-        report.text()
-    };
-    crate::write_stdout(&text)
+    print_report(&report, args.json, Report::text)
 }
 
 #[cfg(test)]

@@ -18,6 +18,9 @@
 //! man-page examples over RC, the bind work request, every result code, key changes, dereg
 //! busy).
 //!
+//! The three share their set-up and polling helpers through `tests/c/common.h` (found beside
+//! each source by `#include "common.h"`, so no `-I` is needed for it).
+//!
 //! Needs `cc` and `libibverbs-dev`; without them the tests are skipped with a message, except
 //! under `CI=true`, where they fail.
 

@@ -445,6 +445,27 @@ mod tests {
         out
     }
 
+    /// `copy` from `data` cut at `src_cuts` (sorted) into `dst_len` bytes cut at `dst_cuts`
+    /// (sorted) must act as a plain copy of the shorter length.
+    fn check_plain_copy(
+        data: &[u8],
+        dst_len: usize,
+        src_cuts: &[usize],
+        dst_cuts: &[usize],
+        copy: impl Fn(&[Span], &[Span]) -> Result<usize, i32>,
+    ) -> Result<(), TestCaseError> {
+        let mut src = data.to_vec();
+        let mut dst = vec![0xAAu8; dst_len];
+        let s = spans(&mut src, src_cuts);
+        let d = spans(&mut dst, dst_cuts);
+        let n = copy(&s, &d).unwrap();
+        let expect = data.len().min(dst_len);
+        prop_assert_eq!(n, expect);
+        prop_assert_eq!(&dst[..n], &data[..n]);
+        prop_assert!(dst[n..].iter().all(|&b| b == 0xAA));
+        Ok(())
+    }
+
     proptest! {
         #[test]
         fn gather_scatter_is_a_plain_copy(
@@ -455,16 +476,10 @@ mod tests {
         ) {
             src_cuts.sort();
             dst_cuts.sort();
-            let mut src = data.clone();
-            let mut dst = vec![0xAAu8; dst_len];
-            let s = spans(&mut src, &src_cuts);
-            let d = spans(&mut dst, &dst_cuts);
-            // SAFETY: spans cover live local vectors.
-            let n = unsafe { copy_ordered(&s, &d) }.unwrap();
-            let expect = data.len().min(dst_len);
-            prop_assert_eq!(n, expect);
-            prop_assert_eq!(&dst[..n], &data[..n]);
-            prop_assert!(dst[n..].iter().all(|&b| b == 0xAA));
+            // SAFETY: the spans cover live local vectors.
+            check_plain_copy(&data, dst_len, &src_cuts, &dst_cuts, |s, d| unsafe {
+                copy_ordered(s, d)
+            })?;
         }
     }
 
@@ -479,16 +494,10 @@ mod tests {
             src_cuts.sort();
             dst_cuts.sort();
             for placement in [Placement::Strict, Placement::Relaxed, Placement::Scrambled] {
-                let mut src = data.clone();
-                let mut dst = vec![0xAAu8; dst_len];
-                let s = spans(&mut src, &src_cuts);
-                let d = spans(&mut dst, &dst_cuts);
-                // SAFETY: spans cover live local vectors.
-                let n = unsafe { copy_placed(&s, &d, placement, None) }.unwrap();
-                let expect = data.len().min(dst_len);
-                prop_assert_eq!(n, expect);
-                prop_assert_eq!(&dst[..n], &data[..n]);
-                prop_assert!(dst[n..].iter().all(|&b| b == 0xAA));
+                // SAFETY: the spans cover live local vectors.
+                check_plain_copy(&data, dst_len, &src_cuts, &dst_cuts, |s, d| unsafe {
+                    copy_placed(s, d, placement, None)
+                })?;
             }
         }
     }

@@ -55,11 +55,7 @@ impl ProtectionDomain {
                 None,
             )?
         };
-        Ok(MemoryRegion {
-            mr,
-            _backing: None,
-            _buf: PhantomData,
-        })
+        Ok(MemoryRegion::unbacked(mr))
     }
 
     /// `ibv_reg_mr_iova2`: registers `buf`, addressed by peers as `iova` (ignored with
@@ -100,11 +96,7 @@ impl ProtectionDomain {
             self.inner
                 .reg_mr(addr as usize, len, iova, access.bits(), None)?
         };
-        Ok(MemoryRegion {
-            mr,
-            _backing: None,
-            _buf: PhantomData,
-        })
+        Ok(MemoryRegion::unbacked(mr))
     }
 
     /// Allocates `len` zeroed, page-aligned bytes in shared memory and registers them: the
@@ -141,11 +133,9 @@ impl ProtectionDomain {
     /// does. `ZERO_BASED` is added to `access` if missing; `access` is what every access
     /// through the layout needs (each piece's own region is checked too).
     pub fn create_layout_mr(&self, access: AccessFlags) -> Result<MemoryRegion<'static>> {
-        Ok(MemoryRegion {
-            mr: self.inner.create_layout_mr(access.bits())?,
-            _backing: None,
-            _buf: PhantomData,
-        })
+        Ok(MemoryRegion::unbacked(
+            self.inner.create_layout_mr(access.bits())?,
+        ))
     }
 
     /// A page-list registration: `length` bytes starting `first_offset` bytes into
@@ -180,11 +170,7 @@ impl ProtectionDomain {
                 access.bits(),
             )?
         };
-        Ok(MemoryRegion {
-            mr,
-            _backing: None,
-            _buf: PhantomData,
-        })
+        Ok(MemoryRegion::unbacked(mr))
     }
 
     /// A bitmap page registration for huge sparse ranges: page `i`, at `base + i *
@@ -213,11 +199,7 @@ impl ProtectionDomain {
                 access.bits(),
             )?
         };
-        Ok(MemoryRegion {
-            mr,
-            _backing: None,
-            _buf: PhantomData,
-        })
+        Ok(MemoryRegion::unbacked(mr))
     }
 
     /// `ibv_create_qp`.
@@ -258,6 +240,15 @@ pub struct MemoryRegion<'a> {
 }
 
 impl<'a> MemoryRegion<'a> {
+    /// A region over memory it does not own (a caller's buffer, pages, or a layout's).
+    fn unbacked(mr: Mr) -> MemoryRegion<'a> {
+        MemoryRegion {
+            mr,
+            _backing: None,
+            _buf: PhantomData,
+        }
+    }
+
     /// `ibv_dereg_mr` with its result: [`Error::Busy`] (EBUSY) while a non-contiguous layout
     /// uses this region — deregister or re-lay-out that layout's region first — and the
     /// region is handed back unchanged. (Dropping a region deregisters it regardless; layouts
@@ -269,6 +260,18 @@ impl<'a> MemoryRegion<'a> {
             Err(e) => Err((self, e)),
         }
     }
+}
+
+/// `REGISTER_BUFFERS` is for the unsafe `raw` variant only: `InvalidArgument`
+/// (`IBV_MR_SET_LAYOUT_ERR_INPUT`) from the safe calls.
+fn refuse_register_buffers(flags: SetLayoutFlags, raw: &str) -> Result<()> {
+    if flags.contains(SetLayoutFlags::REGISTER_BUFFERS) {
+        return Err(Error::InvalidArgument(format!(
+            "REGISTER_BUFFERS takes raw buffers: use the unsafe {raw} \
+             (IBV_MR_SET_LAYOUT_ERR_INPUT, -1)"
+        )));
+    }
+    Ok(())
 }
 
 impl MemoryRegion<'_> {
@@ -298,13 +301,7 @@ impl MemoryRegion<'_> {
     /// room for before) keeps [`lkey`](Self::lkey)/[`rkey`](Self::rkey); a larger one changes
     /// them (the old ones stop working at once) unless `AVOID_INVALIDATION` makes it fail.
     pub fn set_layout_sg(&self, flags: SetLayoutFlags, sges: &[Sge]) -> Result<()> {
-        if flags.contains(SetLayoutFlags::REGISTER_BUFFERS) {
-            return Err(Error::InvalidArgument(
-                "REGISTER_BUFFERS takes raw buffers: use the unsafe set_layout_sg_raw \
-                 (IBV_MR_SET_LAYOUT_ERR_INPUT, -1)"
-                    .into(),
-            ));
-        }
+        refuse_register_buffers(flags, "set_layout_sg_raw")?;
         // SAFETY: without REGISTER_BUFFERS every datum is checked against the key table.
         unsafe { self.set_layout_sg_raw(flags, sges) }
     }
@@ -322,13 +319,8 @@ impl MemoryRegion<'_> {
             .iter()
             .map(|s| Datum::new(s.lkey, s.addr, u64::from(s.length)))
             .collect();
-        self.mr.set_layout(
-            flags,
-            LayoutSource::Layout {
-                flags,
-                layout: Layout::Sg(data),
-            },
-        )
+        // SAFETY: passed on from the caller.
+        unsafe { self.install_layout(flags, Layout::Sg(data)) }
     }
 
     /// `ibv_mr_set_layout_interleaved` (seed 002): this layout container becomes the
@@ -342,13 +334,7 @@ impl MemoryRegion<'_> {
         flags: SetLayoutFlags,
         entries: &[InterleavedEntry],
     ) -> Result<()> {
-        if flags.contains(SetLayoutFlags::REGISTER_BUFFERS) {
-            return Err(Error::InvalidArgument(
-                "REGISTER_BUFFERS takes raw buffers: use the unsafe set_layout_interleaved_raw \
-                 (IBV_MR_SET_LAYOUT_ERR_INPUT, -1)"
-                    .into(),
-            ));
-        }
+        refuse_register_buffers(flags, "set_layout_interleaved_raw")?;
         // SAFETY: without REGISTER_BUFFERS every datum is checked against the key table.
         unsafe { self.set_layout_interleaved_raw(flags, entries) }
     }
@@ -365,13 +351,17 @@ impl MemoryRegion<'_> {
         flags: SetLayoutFlags,
         entries: &[InterleavedEntry],
     ) -> Result<()> {
-        self.mr.set_layout(
-            flags,
-            LayoutSource::Layout {
-                flags,
-                layout: Layout::Interleaved(entries.to_vec()),
-            },
-        )
+        // SAFETY: passed on from the caller.
+        unsafe { self.install_layout(flags, Layout::Interleaved(entries.to_vec())) }
+    }
+
+    /// The common tail of the `set_layout_*_raw` calls.
+    ///
+    /// # Safety
+    /// As for [`set_layout_sg_raw`](Self::set_layout_sg_raw).
+    unsafe fn install_layout(&self, flags: SetLayoutFlags, layout: Layout) -> Result<()> {
+        self.mr
+            .set_layout(flags, LayoutSource::Layout { flags, layout })
     }
 
     /// The local key, for SGEs.

@@ -490,6 +490,50 @@ struct Window {
     wall_after: u64,
 }
 
+impl Window {
+    /// Runs `op` between readings of `ctx`'s clock (read as `clock`) and the wall clock.
+    fn around<T>(ctx: &Context, clock: DeviceClock, op: impl FnOnce() -> T) -> (T, Window) {
+        let wall_before = wall_now();
+        let before = ctx.query_rt_values();
+        let out = op();
+        let after = ctx.query_rt_values();
+        let wall_after = wall_now();
+        let w = Window {
+            clock,
+            before,
+            after,
+            wall_before,
+            wall_after,
+        };
+        (out, w)
+    }
+}
+
+/// What the requester's completion of `wr_id` on QP `qp_num` must say: no receive-side
+/// fields.
+fn requester_exp(
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+    qp_num: u32,
+) -> Exp {
+    Exp {
+        wr_id,
+        status,
+        opcode,
+        recv: false,
+        byte_len,
+        imm: None,
+        qp_num,
+        src_qp: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+        wc_flags: WcFlags::empty(),
+    }
+}
+
 /// The seed fields only receive completions carry (computed here, not taken from the
 /// library).
 const RECV_ONLY_SEED: u64 = S::WITH_IMM.bits()
@@ -760,20 +804,13 @@ fn every_field_on(device: &Device) {
             let send_id = 0x5e00 + ci as u64;
             let recv_id = 0x7e00 + ci as u64;
             let len = case.local.len() as u32;
-            let send_exp = Exp {
-                wr_id: send_id,
-                status: WcStatus::Success,
-                opcode: case.send_opcode,
-                recv: false,
-                byte_len: len,
-                imm: None,
-                qp_num: r.a.qp_num(),
-                src_qp: 0,
-                slid: 0,
-                sl: 0,
-                dlid_path_bits: 0,
-                wc_flags: WcFlags::empty(),
-            };
+            let send_exp = requester_exp(
+                send_id,
+                WcStatus::Success,
+                case.send_opcode,
+                len,
+                r.a.qp_num(),
+            );
             let recv_exp = case.recv.map(|(opcode, imm)| {
                 let mut wc_flags = WcFlags::empty();
                 if imm.is_some() {
@@ -814,20 +851,11 @@ fn every_field_on(device: &Device) {
                 if let Some(ah) = &ah {
                     wr = wr.ud(ah, r.b.qp_num(), QKEY);
                 }
-                let wall_before = wall_now();
-                let before = r.ctx.query_rt_values();
-                r.a.post_send([wr]).unwrap();
-                let send = poll_one(api, &r.cq_a);
-                let recv = case.recv.map(|_| poll_one(api, &r.cq_b));
-                let after = r.ctx.query_rt_values();
-                let wall_after = wall_now();
-                let w = Window {
-                    clock,
-                    before,
-                    after,
-                    wall_before,
-                    wall_after,
-                };
+                let ((send, recv), w) = Window::around(&r.ctx, clock, || {
+                    r.a.post_send([wr]).unwrap();
+                    let send = poll_one(api, &r.cq_a);
+                    (send, case.recv.map(|_| poll_one(api, &r.cq_b)))
+                });
                 check(api, &what, &send, &send_exp, &w, seed_flags);
                 sends.push((api, send));
                 if let (Some(recv), Some(exp)) = (recv, &recv_exp) {
@@ -884,48 +912,26 @@ fn failed_completions_carry_only_qp_num_and_timestamps() {
         let src = r.pd.alloc_mr(64, ALL_REMOTE).unwrap();
         let dst = r.pd.alloc_mr(64, ALL_REMOTE).unwrap();
         let s = [src.sge(0..16)];
-        let wall_before = wall_now();
-        let before = r.ctx.query_rt_values();
-        r.a.post_send([SendWr::new(
-            0xbad,
-            SendOp::RdmaRead {
-                remote_addr: dst.iova(),
-                rkey: dst.rkey() ^ 0x5a5a_0000,
-            },
-            &s,
-        )
-        .flags(SendFlags::SIGNALED)])
-            .unwrap();
-        let got = poll_one(api, &r.cq_a);
-        let after = r.ctx.query_rt_values();
-        let wall_after = wall_now();
+        let (got, w) = Window::around(&r.ctx, clock, || {
+            r.a.post_send([SendWr::new(
+                0xbad,
+                SendOp::RdmaRead {
+                    remote_addr: dst.iova(),
+                    rkey: dst.rkey() ^ 0x5a5a_0000,
+                },
+                &s,
+            )
+            .flags(SendFlags::SIGNALED)])
+                .unwrap();
+            poll_one(api, &r.cq_a)
+        });
         assert_ne!(got.status, WcStatus::Success as u32, "{api:?}: {got:?}");
         let status = WcStatus::from_raw(got.status).unwrap();
         assert!(
             matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr),
             "{api:?}: {status:?}"
         );
-        let exp = Exp {
-            wr_id: 0xbad,
-            status,
-            opcode: WcOpcode::RdmaRead,
-            recv: false,
-            byte_len: 0,
-            imm: None,
-            qp_num: r.a.qp_num(),
-            src_qp: 0,
-            slid: 0,
-            sl: 0,
-            dlid_path_bits: 0,
-            wc_flags: WcFlags::empty(),
-        };
-        let w = Window {
-            clock,
-            before,
-            after,
-            wall_before,
-            wall_after,
-        };
+        let exp = requester_exp(0xbad, status, WcOpcode::RdmaRead, 0, r.a.qp_num());
         check(api, "READ with a bad rkey", &got, &exp, &w, seed_flags);
         // The QP is in error now: a later request is flushed, and that completion too carries
         // only the QP number and timestamps.

@@ -1,73 +1,21 @@
 /* Built by tests/capi.rs against Debian's <infiniband/verbs.h> and the system libibverbs,
  * then run with the softverbs drop-in found first. Prints "ok" and exits 0 on success. */
 #include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <infiniband/verbs.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: CHECK(%s) failed (errno %d)\n", __FILE__, __LINE__, #c, errno); exit(1); } } while (0)
+#include "common.h"
 
 static struct ibv_cq *cq;
 
 static void wait_wc(enum ibv_wc_opcode op, uint64_t wr_id) {
-    struct ibv_wc wc;
-    int n;
-    for (long spins = 0;; spins++) {
-        n = ibv_poll_cq(cq, 1, &wc);
-        CHECK(n >= 0);
-        if (n == 1) break;
-        CHECK(spins < 100000000L);
-    }
+    struct ibv_wc wc = poll1(cq);
     if (wc.status != IBV_WC_SUCCESS || wc.opcode != op || wc.wr_id != wr_id) {
         fprintf(stderr, "wc: status %s opcode %d wr_id %llu (want op %d id %llu)\n",
                 ibv_wc_status_str(wc.status), wc.opcode, (unsigned long long)wc.wr_id, op,
                 (unsigned long long)wr_id);
         exit(1);
     }
-}
-
-static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
-    struct ibv_qp_attr a = {0};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                    IBV_QP_ACCESS_FLAGS) == 0);
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = *gid;
-    a.ah_attr.grh.hop_limit = 1;
-    a.ah_attr.port_num = 1;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                    IBV_QP_MIN_RNR_TIMER) == 0);
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                    IBV_QP_MAX_QP_RD_ATOMIC) == 0);
-}
-
-static void post(struct ibv_qp *qp, struct ibv_send_wr *wr) {
-    struct ibv_send_wr *bad = NULL;
-    wr->send_flags |= IBV_SEND_SIGNALED;
-    CHECK(ibv_post_send(qp, wr, &bad) == 0);
 }
 
 /* A CQ made with ibv_create_cq_ex, polled with ibv_start_poll/ibv_next_poll/ibv_end_poll
@@ -104,18 +52,9 @@ static void cq_ex_section(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv
     struct ibv_poll_cq_attr pa = {0};
     CHECK(ibv_start_poll(cx, &pa) == ENOENT);
 
-    struct ibv_qp_init_attr ia = {0};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = 16;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    struct ibv_qp *qa = ibv_create_qp(pd, &ia), *qb = ibv_create_qp(pd, &ia);
-    CHECK(qa && qb);
-    to_rts(qa, qb->qp_num, gid);
-    to_rts(qb, qa->qp_num, gid);
+    struct ibv_qp *qa, *qb;
+    create_rc_pair(pd, cq, &qa, &qb);
+    connect_rc_pair(qa, qb, gid, RC_ACCESS_ALL);
 
     char *a = ma->addr, *b = mb->addr;
     struct ibv_sge rsge = {(uintptr_t)b, 64, mb->lkey};
@@ -139,9 +78,7 @@ static void cq_ex_section(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv
     wr.wr.rdma.rkey = mb->rkey;
     post(qa, &wr);
 
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    uint64_t wall_before = (uint64_t)now.tv_sec * 1000000000ull + now.tv_nsec;
+    uint64_t wall_before = realtime_ns();
     /* Wait until all three completions are queued, then take them in one polling section. */
     int seen = 0, got_send = 0, got_recv = 0, got_write = 0;
     uint64_t first_ts = 0;
@@ -267,8 +204,7 @@ static void srq_limit_section(struct ibv_context *ctx, struct ibv_pd *pd, struct
     ia.srq = srq;
     struct ibv_qp *qs = ibv_create_qp(pd, &ia);
     CHECK(qt && qs);
-    to_rts(qt, qs->qp_num, gid);
-    to_rts(qs, qt->qp_num, gid);
+    connect_rc_pair(qt, qs, gid, RC_ACCESS_ALL);
     struct ibv_sge rsge = {(uintptr_t)mb->addr, 64, mb->lkey};
     struct ibv_recv_wr rwr = {.wr_id = 300, .sg_list = &rsge, .num_sge = 1}, *rbad;
     for (int i = 0; i < 3; i++) CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == 0);
@@ -301,12 +237,8 @@ static void srq_limit_section(struct ibv_context *ctx, struct ibv_pd *pd, struct
 }
 
 int main(void) {
-    int n = 0;
-    struct ibv_device **list = ibv_get_device_list(&n);
-    CHECK(list && n >= 1);
-    CHECK(strcmp(ibv_get_device_name(list[0]), "softverbs0") == 0);
-    struct ibv_context *ctx = ibv_open_device(list[0]);
-    CHECK(ctx);
+    struct ibv_context *ctx = open_first_device();
+    CHECK(strcmp(ibv_get_device_name(ctx->device), "softverbs0") == 0);
     struct ibv_device_attr da;
     CHECK(ibv_query_device(ctx, &da) == 0 && da.phys_port_cnt == 1 && da.max_qp > 0);
     struct ibv_device_attr_ex dax;
@@ -361,31 +293,21 @@ int main(void) {
     errno = 0;
     CHECK(ibv_reg_mr_iova2(pd, b, len, 0x10000, IBV_ACCESS_LOCAL_WRITE | (1u << 15)) == NULL &&
           errno == EINVAL);
-    int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-              IBV_ACCESS_REMOTE_ATOMIC;
-    struct ibv_mr *ma = ibv_reg_mr(pd, a, len, acc), *mb = ibv_reg_mr(pd, b, len, acc);
+    struct ibv_mr *ma = ibv_reg_mr(pd, a, len, RC_ACCESS_ALL);
+    struct ibv_mr *mb = ibv_reg_mr(pd, b, len, RC_ACCESS_ALL);
     CHECK(ma && mb);
 
     cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
     CHECK(cq);
-    struct ibv_qp_init_attr ia = {0};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = 16;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    struct ibv_qp *qa = ibv_create_qp(pd, &ia), *qb = ibv_create_qp(pd, &ia);
-    CHECK(qa && qb);
+    struct ibv_qp *qa, *qb;
+    create_rc_pair(pd, cq, &qa, &qb);
 
     /* Wrong transition: RESET -> RTR. */
     struct ibv_qp_attr bad = {0};
     bad.qp_state = IBV_QPS_RTR;
     CHECK(ibv_modify_qp(qa, &bad, IBV_QP_STATE) == EINVAL);
 
-    to_rts(qa, qb->qp_num, &gid);
-    to_rts(qb, qa->qp_num, &gid);
+    connect_rc_pair(qa, qb, &gid, RC_ACCESS_ALL);
     struct ibv_qp_attr qattr;
     struct ibv_qp_init_attr qinit;
     CHECK(ibv_query_qp(qa, &qattr, IBV_QP_STATE, &qinit) == 0 && qattr.qp_state == IBV_QPS_RTS);
@@ -535,7 +457,6 @@ int main(void) {
     CHECK(ibv_dereg_mr(ma) == 0 && ibv_dereg_mr(mb) == 0);
     CHECK(ibv_dealloc_pd(pd) == 0);
     CHECK(ibv_close_device(ctx) == 0);
-    ibv_free_device_list(list);
     printf("ok\n");
     return 0;
 }

@@ -19,17 +19,10 @@
  *   flags); a key change without the flag, visible in mr->lkey/rkey, the old key dead.
  * - ibv_dereg_mr of a region a layout uses: EBUSY, and it keeps working; in inverse order it
  *   succeeds; NULL, foreign and already deregistered MRs give EINVAL. */
-#include <errno.h>
-#include <infiniband/verbs.h>
 #include <softverbs/verbs_ext.h>
 #include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: CHECK(%s) failed (errno %d)\n", __FILE__, __LINE__, #c, errno); exit(1); } } while (0)
+#include "common.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -39,64 +32,8 @@ static struct ibv_mr *rmr; /* contiguous receive buffer */
 static char *rbuf;
 #define RBUF 8192
 
-static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
-    struct ibv_qp_attr a = {0};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                        IBV_ACCESS_REMOTE_READ;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                    IBV_QP_ACCESS_FLAGS) == 0);
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = *gid;
-    a.ah_attr.grh.hop_limit = 1;
-    a.ah_attr.port_num = 1;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                    IBV_QP_MIN_RNR_TIMER) == 0);
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                    IBV_QP_MAX_QP_RD_ATOMIC) == 0);
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-/* The next completion of `cq` (10 s at most). */
-static struct ibv_wc poll1(struct ibv_cq *cq) {
-    struct ibv_wc wc;
-    double end = now() + 10;
-    for (;;) {
-        int n = ibv_poll_cq(cq, 1, &wc);
-        CHECK(n >= 0);
-        if (n == 1)
-            return wc;
-        CHECK(now() < end);
-    }
-}
-
 static void setup(void) {
-    int n = 0;
-    struct ibv_device **list = ibv_get_device_list(&n);
-    CHECK(list && n > 0);
-    ctx = ibv_open_device(list[0]);
-    CHECK(ctx);
-    ibv_free_device_list(list);
+    ctx = open_first_device();
     pd = ibv_alloc_pd(ctx);
     CHECK(pd);
     union ibv_gid gid;
@@ -115,8 +52,8 @@ static void setup(void) {
     ia.send_cq = ia.recv_cq = cqb;
     qb = ibv_create_qp(pd, &ia);
     CHECK(qa && qb);
-    to_rts(qa, qb->qp_num, &gid);
-    to_rts(qb, qa->qp_num, &gid);
+    connect_rc_pair(qa, qb, &gid,
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     rbuf = aligned_alloc(64, RBUF);
     CHECK(rbuf);
     rmr = ibv_reg_mr(pd, rbuf, RBUF, IBV_ACCESS_LOCAL_WRITE);
@@ -130,24 +67,34 @@ static void post_recv(void) {
     CHECK(ibv_post_recv(qb, &w, &bad) == 0);
 }
 
-/* SEND of `len` bytes at `addr` of key `lkey` from qa; qb receives exactly `want`. */
-static void send_expect(uint32_t lkey, uint64_t addr, uint32_t len, const void *want) {
-    post_recv();
+/* A signaled SEND `wr_id` from qa of `len` bytes at `addr` of key `lkey`. */
+static void post_send1(uint64_t wr_id, uint32_t lkey, uint64_t addr, uint32_t len) {
     struct ibv_sge s = {addr, len, lkey};
     struct ibv_send_wr w = {0}, *bad = NULL;
-    w.wr_id = 1;
+    w.wr_id = wr_id;
     w.opcode = IBV_WR_SEND;
     w.sg_list = &s;
     w.num_sge = 1;
     w.send_flags = IBV_SEND_SIGNALED;
     CHECK(ibv_post_send(qa, &w, &bad) == 0);
+}
+
+/* qa's SEND `wr_id` completes, and qb's receive (posted by post_recv) with `len` bytes. */
+static void expect_sent(uint64_t wr_id, uint32_t len) {
     struct ibv_wc wc = poll1(cqa);
     if (wc.status != IBV_WC_SUCCESS)
         fprintf(stderr, "send: %s\n", ibv_wc_status_str(wc.status));
-    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND && wc.wr_id == 1);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND && wc.wr_id == wr_id);
     wc = poll1(cqb);
     CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.wr_id == 7);
     CHECK(wc.byte_len == len);
+}
+
+/* SEND of `len` bytes at `addr` of key `lkey` from qa; qb receives exactly `want`. */
+static void send_expect(uint32_t lkey, uint64_t addr, uint32_t len, const void *want) {
+    post_recv();
+    post_send1(1, lkey, addr, len);
+    expect_sent(1, len);
     CHECK(memcmp(rbuf, want, len) == 0);
 }
 
@@ -261,10 +208,7 @@ static void interleaved_example(void) {
         fprintf(stderr, "Non-contiguous send failed\n");
         exit(1);
     }
-    struct ibv_wc wc = poll1(cqa);
-    CHECK(wc.status == IBV_WC_SUCCESS);
-    wc = poll1(cqb);
-    CHECK(wc.status == IBV_WC_SUCCESS && wc.byte_len == item_len * 100);
+    expect_sent(0, item_len * 100);
     uint64_t got[ITEMS];
     memcpy(got, rbuf, sizeof got);
     for (int i = 0; i < ITEMS; i++)
@@ -299,7 +243,7 @@ static void interleaved_example(void) {
     w.wr.rdma.remote_addr = 0;
     w.wr.rdma.rkey = win->rkey;
     CHECK(ibv_post_send(qb, &w, &bad_wr) == 0);
-    wc = poll1(cqb);
+    struct ibv_wc wc = poll1(cqb);
     CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE && wc.wr_id == 2);
     for (int i = 0; i < ITEMS; i++)
         CHECK(dst[i] == (uint64_t)(0x1000 + (i ^ 1)));
@@ -380,9 +324,7 @@ static void sg_example(void) {
         fprintf(stderr, "Non-contiguous send failed\n");
         exit(1);
     }
-    CHECK(poll1(cqa).status == IBV_WC_SUCCESS);
-    struct ibv_wc wc = poll1(cqb);
-    CHECK(wc.status == IBV_WC_SUCCESS && wc.byte_len == len1 + len2);
+    expect_sent(0, len1 + len2);
     CHECK(memcmp(rbuf, want, len1 + len2) == 0);
     /* A range across the boundary. */
     send_expect(mr3->lkey, 90, 20, want + 90);
@@ -612,14 +554,7 @@ static void errors(const struct ibv_mr_layout_caps *caps) {
 
     /* Last, as it breaks the QP: the old key is dead (a local protection error). */
     post_recv();
-    struct ibv_sge s = {0, 16, key};
-    struct ibv_send_wr w = {0}, *badw;
-    w.wr_id = 99;
-    w.opcode = IBV_WR_SEND;
-    w.sg_list = &s;
-    w.num_sge = 1;
-    w.send_flags = IBV_SEND_SIGNALED;
-    CHECK(ibv_post_send(qa, &w, &badw) == 0);
+    post_send1(99, key, 0, 16);
     struct ibv_wc wc = poll1(cqa);
     CHECK(wc.wr_id == 99 && wc.status == IBV_WC_LOC_PROT_ERR);
 

@@ -12,16 +12,9 @@
  * - Errors: comp_mask != 0, NULL attr / CQ / buffer, a CQ not from the library and a destroyed
  *   one give -EINVAL; ibv_wc_ex_cq_flags of those gives 0 with errno EINVAL. */
 #include <arpa/inet.h>
-#include <errno.h>
-#include <infiniband/verbs.h>
 #include <softverbs/verbs_ext.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: CHECK(%s) failed (errno %d)\n", __FILE__, __LINE__, #c, errno); exit(1); } } while (0)
+#include "common.h"
 
 #define F(x) IBV_WC_EX_SEED_WITH_##x
 #define RECV_ONLY (F(IMM) | F(SRC_QP) | F(PKEY_INDEX) | F(SLID) | F(SL) | F(DLID_PATH_BITS))
@@ -112,50 +105,6 @@ static void layout_formulas(void) {
           F(COMPLETION_TIMESTAMP_WALLCLOCK));
 }
 
-static void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
-    struct ibv_qp_attr a = {0};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                        IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                    IBV_QP_ACCESS_FLAGS) == 0);
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = *gid;
-    a.ah_attr.grh.hop_limit = 1;
-    a.ah_attr.port_num = 1;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                    IBV_QP_MIN_RNR_TIMER) == 0);
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                    IBV_QP_MAX_QP_RD_ATOMIC) == 0);
-}
-
-static void post(struct ibv_qp *qp, struct ibv_send_wr *wr) {
-    struct ibv_send_wr *bad = NULL;
-    wr->send_flags |= IBV_SEND_SIGNALED;
-    CHECK(ibv_post_send(qp, wr, &bad) == 0);
-}
-
-static uint64_t realtime_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 struct env {
     struct ibv_context *ctx;
     struct ibv_pd *pd;
@@ -200,18 +149,9 @@ static void traffic(struct env *e, uint64_t wc_flags, int plain) {
     size_t sz = ibv_wc_ex_get_size(flags);
     CHECK(sz <= MAX_REC && sz % 8 == 0);
 
-    struct ibv_qp_init_attr ia = {0};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = 16;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    struct ibv_qp *qa = ibv_create_qp(e->pd, &ia), *qb = ibv_create_qp(e->pd, &ia);
-    CHECK(qa && qb);
-    to_rts(qa, qb->qp_num, &e->gid);
-    to_rts(qb, qa->qp_num, &e->gid);
+    struct ibv_qp *qa, *qb;
+    create_rc_pair(e->pd, cq, &qa, &qb);
+    connect_rc_pair(qa, qb, &e->gid, RC_ACCESS_ALL);
 
     char *a = e->ma->addr, *b = e->mb->addr;
     memset(a, 0, 1024);
@@ -371,11 +311,7 @@ int main(void) {
     layout_formulas();
 
     struct env e = {0};
-    int n = 0;
-    struct ibv_device **list = ibv_get_device_list(&n);
-    CHECK(list && n >= 1);
-    e.ctx = ibv_open_device(list[0]);
-    CHECK(e.ctx);
+    e.ctx = open_first_device();
     struct ibv_device_attr_ex dax;
     CHECK(ibv_query_device_ex(e.ctx, NULL, &dax) == 0 && dax.completion_timestamp_mask != 0);
     e.ts_mask = dax.completion_timestamp_mask;
@@ -438,7 +374,6 @@ int main(void) {
     CHECK(ibv_dereg_mr(e.ma) == 0 && ibv_dereg_mr(e.mb) == 0);
     CHECK(ibv_dealloc_pd(e.pd) == 0);
     CHECK(ibv_close_device(e.ctx) == 0);
-    ibv_free_device_list(list);
     free(a);
     free(b);
     printf("ok\n");

@@ -171,6 +171,20 @@ fn nonzero(len: usize, seed: u8) -> Vec<u8> {
     pattern(len, seed).into_iter().map(|b| b | 1).collect()
 }
 
+/// `nonzero(LEN, seed)`, and a region of `pd` holding it (the source of the tests' messages).
+fn filled_source(pd: &ProtectionDomain, seed: u8) -> (Vec<u8>, MemoryRegion<'_>) {
+    let data = nonzero(LEN, seed);
+    let src = pd.alloc_mr(LEN, ALL_REMOTE).unwrap();
+    src.write_at(0, &data).unwrap();
+    (data, src)
+}
+
+/// A relaxed-ordering region of `LEN` bytes open to every remote access.
+fn relaxed_target(pd: &ProtectionDomain) -> MemoryRegion<'_> {
+    pd.alloc_mr(LEN, ALL_REMOTE | AccessFlags::RELAXED_ORDERING)
+        .unwrap()
+}
+
 fn write_wr<'a>(id: u64, dst: &MemoryRegion<'_>, s: &'a [Sge]) -> SendWr<'a> {
     SendWr::new(
         id,
@@ -209,29 +223,37 @@ fn pausing_observer(released: Receiver<()>) -> (OrderingObserver, Arc<AtomicBool
     (observer, timed_out)
 }
 
-#[test]
-fn ordering_check_shows_torn_data_to_a_last_byte_poller_of_a_relaxed_mr() {
-    let Rig { dev, p } = rig("svrelaxed-torn", true);
-    let data = nonzero(LEN, 7);
-    let src = p.pd.alloc_mr(LEN, ALL_REMOTE).unwrap();
-    src.write_at(0, &data).unwrap();
-    let dst =
-        p.pd.alloc_mr(LEN, ALL_REMOTE | AccessFlags::RELAXED_ORDERING)
-            .unwrap();
+/// Posts (with `post`) while a pausing observer holds placement after the first piece and a
+/// last-byte poller of `dst` waits for `last`: what the poller saw, and whether the observer
+/// timed out waiting for it.
+fn torn_snapshot(
+    dev: &Device,
+    dst: &MemoryRegion<'_>,
+    last: u8,
+    post: impl FnOnce(),
+) -> (Vec<u8>, bool) {
     let (release, released) = channel();
     let (observer, timed_out) = pausing_observer(released);
     dev.set_ordering_observer(Some(observer));
-    let s = [src.sge(0..LEN)];
     let snapshot = std::thread::scope(|scope| {
-        let poller = scope.spawn(|| last_byte_poller(&dst, data[LEN - 1], &release));
-        p.a.post_send([signaled(write_wr(1, &dst, &s))]).unwrap();
+        let poller = scope.spawn(|| last_byte_poller(dst, last, &release));
+        post();
         poller.join().unwrap()
     });
     dev.set_ordering_observer(None);
-    assert!(
-        !timed_out.load(Ordering::SeqCst),
-        "the poller never saw the last byte"
-    );
+    (snapshot, timed_out.load(Ordering::SeqCst))
+}
+
+#[test]
+fn ordering_check_shows_torn_data_to_a_last_byte_poller_of_a_relaxed_mr() {
+    let Rig { dev, p } = rig("svrelaxed-torn", true);
+    let (data, src) = filled_source(&p.pd, 7);
+    let dst = relaxed_target(&p.pd);
+    let s = [src.sge(0..LEN)];
+    let (snapshot, timed_out) = torn_snapshot(&dev, &dst, data[LEN - 1], || {
+        p.a.post_send([signaled(write_wr(1, &dst, &s))]).unwrap();
+    });
+    assert!(!timed_out, "the poller never saw the last byte");
     // What the buggy reader saw: the last byte, but not the start of the message.
     assert_eq!(snapshot[LEN - 1], data[LEN - 1]);
     assert!(
@@ -248,9 +270,7 @@ fn ordering_check_shows_torn_data_to_a_last_byte_poller_of_a_relaxed_mr() {
 #[test]
 fn ordering_check_tears_sends_into_relaxed_receive_buffers() {
     let Rig { dev, p } = rig("svrelaxed-send", true);
-    let data = nonzero(LEN, 9);
-    let src = p.pd.alloc_mr(LEN, ALL_REMOTE).unwrap();
-    src.write_at(0, &data).unwrap();
+    let (data, src) = filled_source(&p.pd, 9);
     let dst =
         p.pd.alloc_mr(
             LEN,
@@ -259,18 +279,12 @@ fn ordering_check_tears_sends_into_relaxed_receive_buffers() {
         .unwrap();
     let r = [dst.sge(0..LEN)];
     p.b.post_recv([RecvWr::new(5, &r)]).unwrap();
-    let (release, released) = channel();
-    let (observer, timed_out) = pausing_observer(released);
-    dev.set_ordering_observer(Some(observer));
     let s = [src.sge(0..LEN)];
-    let snapshot = std::thread::scope(|scope| {
-        let poller = scope.spawn(|| last_byte_poller(&dst, data[LEN - 1], &release));
+    let (snapshot, timed_out) = torn_snapshot(&dev, &dst, data[LEN - 1], || {
         p.a.post_send([signaled(SendWr::new(1, SendOp::Send, &s))])
             .unwrap();
-        poller.join().unwrap()
     });
-    dev.set_ordering_observer(None);
-    assert!(!timed_out.load(Ordering::SeqCst));
+    assert!(!timed_out);
     assert!(snapshot[..64].iter().all(|&b| b == 0), "torn SEND expected");
     assert!(poll_n(&p.cq_a, 1)[0].is_ok());
     let wc = poll_n(&p.cq_b, 1)[0];
@@ -379,12 +393,8 @@ fn completion_based_readers_see_every_byte_of_every_earlier_transfer() {
 #[test]
 fn relaxed_write_never_passes_a_later_atomic() {
     let Rig { dev, p } = rig("svrelaxed-atomic", true);
-    let data = nonzero(LEN, 11);
-    let src = p.pd.alloc_mr(LEN, ALL_REMOTE).unwrap();
-    src.write_at(0, &data).unwrap();
-    let dst =
-        p.pd.alloc_mr(LEN, ALL_REMOTE | AccessFlags::RELAXED_ORDERING)
-            .unwrap();
+    let (data, src) = filled_source(&p.pd, 11);
+    let dst = relaxed_target(&p.pd);
     // The flag word lives in a strict region, as the man page's safe pattern has it.
     let flag = Arc::new(p.pd.alloc_mr(8, ALL_REMOTE).unwrap());
     let result = p.pd.alloc_mr(8, ALL_REMOTE).unwrap();
@@ -449,12 +459,8 @@ fn without_the_ordering_check_relaxed_mrs_are_not_scrambled() {
     let Rig { dev, p } = rig("svrelaxed-plain", false);
     let (observer, log) = recording_observer();
     dev.set_ordering_observer(Some(observer));
-    let data = nonzero(LEN, 13);
-    let src = p.pd.alloc_mr(LEN, ALL_REMOTE).unwrap();
-    src.write_at(0, &data).unwrap();
-    let dst =
-        p.pd.alloc_mr(LEN, ALL_REMOTE | AccessFlags::RELAXED_ORDERING)
-            .unwrap();
+    let (data, src) = filled_source(&p.pd, 13);
+    let dst = relaxed_target(&p.pd);
     let s = [src.sge(0..LEN)];
     p.a.post_send([signaled(write_wr(1, &dst, &s))]).unwrap();
     assert!(poll_n(&p.cq_a, 1)[0].is_ok());
