@@ -312,14 +312,10 @@ pub fn header(rec: &[u8]) -> WcExHeader {
 /// `N` bytes at `off` of `rec` (zeros when out of range, so a short record is never a panic).
 #[inline(always)]
 fn read<const N: usize>(rec: &[u8], off: usize) -> [u8; N] {
-    let Some(last) = rec.len().checked_sub(N) else {
-        return [0; N];
-    };
-    // Clamped, then discarded when out of range: a select, not a branch per field read.
-    let at = off.min(last);
-    let mut v = [0; N];
-    v.copy_from_slice(&rec[at..at + N]);
-    if off <= last { v } else { [0; N] }
+    match rec.get(off..).and_then(<[u8]>::first_chunk::<N>) {
+        Some(b) => *b,
+        None => [0; N],
+    }
 }
 
 /// The first `n` records of `buf`, each `size` bytes (`get_size` of the CQ's flags): what
@@ -334,29 +330,55 @@ pub fn records(buf: &[u8], size: usize, n: usize) -> impl Iterator<Item = &[u8]>
     })
 }
 
+/// The 64-bit field at byte `off` of a record, `off` being `HEADER_LEN` plus a
+/// `get_offsetof64` result worked out once per CQ: in a polling loop this is one load, where
+/// [`get64`] recomputes the offset for every record. 0 when `off` is out of range.
+#[inline(always)]
+pub fn read64(rec: &[u8], off: usize) -> u64 {
+    u64::from_ne_bytes(read(rec, off))
+}
+
+/// [`read64`] for a 32-bit field.
+#[inline(always)]
+pub fn read32(rec: &[u8], off: usize) -> u32 {
+    u32::from_ne_bytes(read(rec, off))
+}
+
+/// [`read64`] for a 16-bit field.
+#[inline(always)]
+pub fn read16(rec: &[u8], off: usize) -> u16 {
+    u16::from_ne_bytes(read(rec, off))
+}
+
+/// [`read64`] for an 8-bit field.
+#[inline(always)]
+pub fn read8(rec: &[u8], off: usize) -> u8 {
+    read::<1>(rec, off)[0]
+}
+
 /// `ibv_wc_ex_get64`: 64-bit field `flag` of the record `rec` from a CQ created with
 /// `cq_flags`.
 #[inline]
 pub fn get64(rec: &[u8], cq_flags: u64, flag: u64) -> u64 {
-    u64::from_ne_bytes(read(rec, HEADER_LEN + get_offsetof64(cq_flags, flag)))
+    read64(rec, HEADER_LEN + get_offsetof64(cq_flags, flag))
 }
 
 /// `ibv_wc_ex_get32`.
 #[inline]
 pub fn get32(rec: &[u8], cq_flags: u64, flag: u64) -> u32 {
-    u32::from_ne_bytes(read(rec, HEADER_LEN + get_offsetof32(cq_flags, flag)))
+    read32(rec, HEADER_LEN + get_offsetof32(cq_flags, flag))
 }
 
 /// `ibv_wc_ex_get16`.
 #[inline]
 pub fn get16(rec: &[u8], cq_flags: u64, flag: u64) -> u16 {
-    u16::from_ne_bytes(read(rec, HEADER_LEN + get_offsetof16(cq_flags, flag)))
+    read16(rec, HEADER_LEN + get_offsetof16(cq_flags, flag))
 }
 
 /// `ibv_wc_ex_get8`.
 #[inline]
 pub fn get8(rec: &[u8], cq_flags: u64, flag: u64) -> u8 {
-    read::<1>(rec, HEADER_LEN + get_offsetof8(cq_flags, flag))[0]
+    read8(rec, HEADER_LEN + get_offsetof8(cq_flags, flag))
 }
 
 #[cfg(test)]
