@@ -309,13 +309,19 @@ pub fn header(rec: &[u8]) -> WcExHeader {
     }
 }
 
-/// `N` bytes at `off` of `rec` (zeros when out of range, so a short record is never a panic).
+/// `N` bytes at `off` of `rec`: zeros when the record is shorter than `N`; an offset past the
+/// end reads the record's last `N` bytes. Clamped rather than checked, so a field read is a
+/// load and a cmov, never out of bounds and never a panic (a wrong offset is the caller's
+/// bug, and gets wrong bytes either way).
 #[inline(always)]
 fn read<const N: usize>(rec: &[u8], off: usize) -> [u8; N] {
-    match rec.get(off..).and_then(<[u8]>::first_chunk::<N>) {
-        Some(b) => *b,
-        None => [0; N],
-    }
+    let Some(last) = rec.len().checked_sub(N) else {
+        return [0; N];
+    };
+    let at = off.min(last);
+    let mut v = [0; N];
+    v.copy_from_slice(&rec[at..at + N]);
+    v
 }
 
 /// The first `n` records of `buf`, each `size` bytes (`get_size` of the CQ's flags): what
@@ -332,7 +338,7 @@ pub fn records(buf: &[u8], size: usize, n: usize) -> impl Iterator<Item = &[u8]>
 
 /// The 64-bit field at byte `off` of a record, `off` being `HEADER_LEN` plus a
 /// `get_offsetof64` result worked out once per CQ: in a polling loop this is one load, where
-/// [`get64`] recomputes the offset for every record. 0 when `off` is out of range.
+/// [`get64`] recomputes the offset for every record. Never reads outside `rec` (see `read`).
 #[inline(always)]
 pub fn read64(rec: &[u8], off: usize) -> u64 {
     u64::from_ne_bytes(read(rec, off))
