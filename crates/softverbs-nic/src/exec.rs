@@ -158,6 +158,7 @@ impl Remote<'_> {
             Remote::Many(m) => &m.spans,
         }
     }
+    #[inline(always)]
     fn placement(&self) -> Placement {
         match self {
             Remote::One(p, _) => p.placement(),
@@ -196,13 +197,19 @@ thread_local! {
 const KEPT_LISTS: usize = 4;
 const KEPT_SPANS: usize = 1 << 16;
 
-/// An empty span list with room for `n`, reused when one is at hand.
-fn span_list(n: usize) -> Vec<Span> {
-    let mut v = SPAN_LISTS
-        .with(|l| l.borrow_mut().pop())
-        .unwrap_or_default();
-    v.reserve(n);
-    v
+/// Makes room in `spans` for `n` more, taking a kept list when one is at hand. Only layouts
+/// need it: an ordinary request's short list is cheaper to allocate than to fetch from the
+/// thread's store.
+pub(crate) fn reserve_spans(spans: &mut Vec<Span>, n: usize) {
+    if spans.capacity() - spans.len() >= n {
+        return;
+    }
+    if let Some(mut kept) = SPAN_LISTS.with(|l| l.borrow_mut().pop()) {
+        kept.clear();
+        kept.extend_from_slice(spans);
+        std::mem::swap(spans, &mut kept);
+    }
+    spans.reserve(n);
 }
 
 impl Drop for Spans<'_> {
@@ -229,7 +236,7 @@ fn pin_sges<'k>(
     need: AccessFlags,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Result<Spans<'k>, KeyError> {
-    let mut spans = span_list(sges.len());
+    let mut spans = Vec::with_capacity(sges.len());
     let mut pins = Vec::with_capacity(sges.len());
     let mut len = 0u64;
     for s in sges.iter().filter(|s| s.length > 0) {
@@ -336,7 +343,7 @@ impl Qp {
                 Some(Remote::One(pin, span))
             }
             Err(KeyError::Layout) => {
-                let (mut spans, mut pins) = (span_list(0), Vec::new());
+                let (mut spans, mut pins) = (Vec::new(), Vec::new());
                 let place = |p: &Pin<'_>, h: usize, n: usize| target.place(p, h, n);
                 mrlayout::pin_range(
                     keys,
@@ -572,6 +579,7 @@ impl Qp {
     ///
     /// # Safety
     /// As for `mem::copy_ordered`.
+    #[inline]
     unsafe fn place(&self, src: &[Span], dst: &[Span], placement: Placement) -> Result<usize, i32> {
         let observer = match placement {
             Placement::Scrambled => self.dev.ordering_observer(),

@@ -162,6 +162,7 @@ impl Pin<'_> {
     }
 
     /// How data is to be placed into the pinned region.
+    #[inline]
     pub fn placement(&self) -> Placement {
         Placement::from_raw(self.entry.placement.load(Ordering::Relaxed))
     }

@@ -428,7 +428,7 @@ where
     // Room for every piece at once: a column of 4096 cells would otherwise regrow (and
     // copy) the list a dozen times per work request.
     let room = layout.max_pieces(len).min(MAX_PIECES as u64) as usize;
-    spans.reserve(room.min(MAX_PIECES.saturating_sub(spans.len())));
+    crate::exec::reserve_spans(spans, room.min(MAX_PIECES.saturating_sub(spans.len())));
     let container = pins.len();
     pins.push(cpin);
     // The pin of the last plain region a piece was in: consecutive pieces of one region
