@@ -143,21 +143,30 @@ pub fn seed_flags(wc_flags: WcExFlags) -> SeedWcFlags {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     flags: u64,
-    size: usize,
+    // Bytes (a record is at most 72, so a byte each: the whole layout is two words, cheap to
+    // keep in registers while filling records).
+    size: u8,
     /// Header plus fields: the rest of the record is padding.
-    used: usize,
+    used: u8,
     // Offsets from the record start. An absent field's offset is 0: it is written into the
     // header's place, which the header then overwrites, so filling has no per-field branch.
-    ts: usize,
-    wall: usize,
-    byte_len: usize,
-    imm: usize,
-    qp_num: usize,
-    src_qp: usize,
-    pkey_index: usize,
-    slid: usize,
-    sl: usize,
-    dlid_path_bits: usize,
+    ts: u8,
+    wall: u8,
+    byte_len: u8,
+    imm: u8,
+    qp_num: u8,
+    src_qp: u8,
+    pkey_index: u8,
+    slid: u8,
+    sl: u8,
+    dlid_path_bits: u8,
+}
+
+/// A record offset or size as a byte: with only the seed's fields (masked in `Layout::new`)
+/// a record is at most 72 bytes.
+const fn small(v: usize) -> u8 {
+    debug_assert!(v <= 72);
+    v as u8
 }
 
 /// Fields that mean nothing on a send-side completion (verbs fills them for receives only).
@@ -176,21 +185,23 @@ impl Layout {
     pub fn new(flags: SeedWcFlags) -> Layout {
         let f = flags.bits() & (FIELDS_64 | FIELDS_32 | FIELDS_16 | FIELDS_8);
         let at = |present: u64, off: usize| {
-            if f & present != 0 {
+            small(if f & present != 0 {
                 HEADER_LEN + off
             } else {
                 0
-            }
+            })
         };
         use SeedWcFlags as S;
         Layout {
             flags: f,
-            size: get_size(f),
-            used: HEADER_LEN
-                + popcount(f & FIELDS_64) * 8
-                + popcount(f & FIELDS_32) * 4
-                + popcount(f & FIELDS_16) * 2
-                + popcount(f & FIELDS_8),
+            size: small(get_size(f)),
+            used: small(
+                HEADER_LEN
+                    + popcount(f & FIELDS_64) * 8
+                    + popcount(f & FIELDS_32) * 4
+                    + popcount(f & FIELDS_16) * 2
+                    + popcount(f & FIELDS_8),
+            ),
             ts: at(
                 S::WITH_COMPLETION_TIMESTAMP.bits(),
                 get_offsetof64(f, S::WITH_COMPLETION_TIMESTAMP.bits()),
@@ -232,7 +243,7 @@ impl Layout {
 
     /// Bytes per record.
     pub fn size(&self) -> usize {
-        self.size
+        usize::from(self.size)
     }
 
     /// Writes `cqe` as one record at the start of `rec` (which must hold
@@ -240,24 +251,29 @@ impl Layout {
     /// wall-clock field.
     #[inline]
     pub fn fill(&self, rec: &mut [u8], cqe: &Cqe, wall: Option<&WallClock>) {
-        let Some(rec) = rec.get_mut(..self.size) else {
+        let size = usize::from(self.size);
+        let Some(rec) = rec.get_mut(..size) else {
             return; // too short: nothing written (poll_compact never passes one)
         };
         // Padding up to the 8-byte boundary: zero, so records never leak older bytes. One
         // 8-byte store over the record's last word (fields written below overwrite their
         // part of it; in a header-only record the header does), not a variable-length fill.
-        put(rec, self.size - 8, [0; 8]);
-        put(rec, self.ts, cqe.timestamp.to_ne_bytes());
+        put(rec, size - 8, [0; 8]);
+        put(rec, usize::from(self.ts), cqe.timestamp.to_ne_bytes());
         let wall_ns = wall.map_or(0, |w| w.ns(cqe.timestamp));
-        put(rec, self.wall, wall_ns.to_ne_bytes());
-        put(rec, self.byte_len, cqe.byte_len.to_ne_bytes());
-        put(rec, self.imm, cqe.imm_data.to_ne_bytes());
-        put(rec, self.qp_num, cqe.qp_num.to_ne_bytes());
-        put(rec, self.src_qp, cqe.src_qp.to_ne_bytes());
-        put(rec, self.pkey_index, cqe.pkey_index.to_ne_bytes());
-        put(rec, self.slid, cqe.slid.to_ne_bytes());
-        put(rec, self.sl, [cqe.sl]);
-        put(rec, self.dlid_path_bits, [cqe.dlid_path_bits]);
+        put(rec, usize::from(self.wall), wall_ns.to_ne_bytes());
+        put(rec, usize::from(self.byte_len), cqe.byte_len.to_ne_bytes());
+        put(rec, usize::from(self.imm), cqe.imm_data.to_ne_bytes());
+        put(rec, usize::from(self.qp_num), cqe.qp_num.to_ne_bytes());
+        put(rec, usize::from(self.src_qp), cqe.src_qp.to_ne_bytes());
+        put(
+            rec,
+            usize::from(self.pkey_index),
+            cqe.pkey_index.to_ne_bytes(),
+        );
+        put(rec, usize::from(self.slid), cqe.slid.to_ne_bytes());
+        put(rec, usize::from(self.sl), [cqe.sl]);
+        put(rec, usize::from(self.dlid_path_bits), [cqe.dlid_path_bits]);
         // The header last: it overwrites whatever absent fields left at offset 0.
         let mut valid = self.flags;
         if cqe.status != 0 {
