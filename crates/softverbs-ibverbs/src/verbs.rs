@@ -1241,26 +1241,12 @@ unsafe extern "C" fn cqx_read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
     unsafe { cqx_cur(cq) }.timestamp
 }
 
-/// Nanoseconds of `clock_id` now.
-fn clock_ns(clock_id: libc::clockid_t) -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid clock id and a writable timespec.
-    unsafe { libc::clock_gettime(clock_id, &mut t) };
-    (t.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(t.tv_nsec as u64)
-}
-
-/// The completion's time in `CLOCK_REALTIME` nanoseconds: now, minus how long ago the device
-/// clock (monotonic nanoseconds, masked) stamped it.
+/// The completion's time in `CLOCK_REALTIME` nanoseconds, converted by the device clock's
+/// wall-clock reading (the same conversion the Rust cursors and `poll_ex` use).
 unsafe extern "C" fn cqx_read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
     // SAFETY: a CQ of ours inside a polling section.
     let (ts, clock) = unsafe { (cqx_cur(cq).timestamp, *(*(cq as *const SvCq)).nic.clock()) };
-    let age = clock.delta(ts, clock.now_raw());
-    clock_ns(libc::CLOCK_REALTIME).saturating_sub(age)
+    clock.wall().ns(ts)
 }
 
 #[unsafe(no_mangle)]
