@@ -61,11 +61,14 @@ const FIELD_SETS: [(&str, u64); 4] = [
 ];
 
 /// The four APIs, and the target ratio to classic of each (none for classic itself).
-const APIS: [(&str, Option<f64>); 4] = [
+const APIS: [(&str, Option<f64>); 5] = [
     ("classic", None),
     ("compact", Some(1.10)),
     ("cursor", Some(1.10)),
     ("typed", Some(1.00)),
+    // Informational: what reading compact records costs when the program learns its CQ's
+    // flags only at run time.
+    ("compact-rt", None),
 ];
 
 #[derive(clap::Args)]
@@ -205,28 +208,70 @@ fn drain_classic<const F: u64>(
     (ns, black_box(s))
 }
 
+/// The seed's creation flags of a CQ created with field set `f`.
+const fn seed_of(f: u64) -> u64 {
+    compact::seed_flags(WcExFlags::from_bits_retain(f)).bits()
+}
+
+/// Where each field lies in a compact record of a CQ with seed flags `flags` (from the record
+/// start), and the record size: the seed's `get_offsetof*` and `get_size`.
+#[derive(Clone, Copy)]
+struct Offsets {
+    size: usize,
+    byte_len: usize,
+    imm: usize,
+    qp_num: usize,
+    src_qp: usize,
+    slid: usize,
+    sl: usize,
+    dlid_path_bits: usize,
+    ts: usize,
+    wall: usize,
+}
+
+impl Offsets {
+    const fn of(flags: u64) -> Offsets {
+        const H: usize = compact::HEADER_LEN;
+        Offsets {
+            size: compact::get_size(flags),
+            byte_len: H + compact::get_offsetof32(flags, S::WITH_BYTE_LEN.bits()),
+            imm: H + compact::get_offsetof32(flags, S::WITH_IMM.bits()),
+            qp_num: H + compact::get_offsetof32(flags, S::WITH_QP_NUM.bits()),
+            src_qp: H + compact::get_offsetof32(flags, S::WITH_SRC_QP.bits()),
+            slid: H + compact::get_offsetof16(flags, S::WITH_SLID.bits()),
+            sl: H + compact::get_offsetof8(flags, S::WITH_SL.bits()),
+            dlid_path_bits: H + compact::get_offsetof8(flags, S::WITH_DLID_PATH_BITS.bits()),
+            ts: H + compact::get_offsetof64(flags, S::WITH_COMPLETION_TIMESTAMP.bits()),
+            wall: H + compact::get_offsetof64(flags, S::WITH_COMPLETION_TIMESTAMP_WALLCLOCK.bits()),
+        }
+    }
+}
+
 /// `poll_ex` into `buf` (at least `batch` records long), read with the seed's helpers.
+///
+/// The seed's man page advises a program to declare a struct of the fields it created its
+/// CQ with: the layout is known when the program is compiled, and the seed's static inline
+/// `get_offsetof*` / `get_size` fold to constants. That is the `compact` column (the CQ's
+/// `compact_flags()` is checked against the constant first). With `RUNTIME`, the offsets are
+/// worked out from `compact_flags()` once per drain instead, as for a program that learns its
+/// CQ's flags only when it runs (the `compact-rt` column).
 #[inline(never)]
-fn drain_compact<const F: u64>(
+fn drain_compact<const F: u64, const RUNTIME: bool>(
     cq: &CompletionQueue,
     k: usize,
     batch: usize,
     buf: &mut [u8],
 ) -> Result<(f64, Sums)> {
     let flags = cq.compact_flags().bits();
-    let size = cq.compact_record_size();
-    // The offsets, with the seed's get_offsetof* helpers, once per CQ (as a C program would
-    // hoist them); each field of each record is then one load.
-    let h = compact::HEADER_LEN;
-    let o_bl = h + compact::get_offsetof32(flags, S::WITH_BYTE_LEN.bits());
-    let o_imm = h + compact::get_offsetof32(flags, S::WITH_IMM.bits());
-    let o_qp = h + compact::get_offsetof32(flags, S::WITH_QP_NUM.bits());
-    let o_src = h + compact::get_offsetof32(flags, S::WITH_SRC_QP.bits());
-    let o_slid = h + compact::get_offsetof16(flags, S::WITH_SLID.bits());
-    let o_sl = h + compact::get_offsetof8(flags, S::WITH_SL.bits());
-    let o_dl = h + compact::get_offsetof8(flags, S::WITH_DLID_PATH_BITS.bits());
-    let o_ts = h + compact::get_offsetof64(flags, S::WITH_COMPLETION_TIMESTAMP.bits());
-    let o_w = h + compact::get_offsetof64(flags, S::WITH_COMPLETION_TIMESTAMP_WALLCLOCK.bits());
+    let o = if RUNTIME {
+        Offsets::of(flags)
+    } else {
+        if flags != seed_of(F) || cq.compact_record_size() != compact::get_size(seed_of(F)) {
+            return Err(format!("compact flags {flags:#x}, expected {:#x}", seed_of(F)).into());
+        }
+        const { Offsets::of(seed_of(F)) }
+    };
+    let size = o.size;
     let mut s = Sums::default();
     let start = Instant::now();
     let mut left = k;
@@ -247,34 +292,34 @@ fn drain_compact<const F: u64>(
             s.wr_id = s.wr_id.wrapping_add(h.wr_id);
             s.opcode += u64::from(h.opcode);
             if has(F, fields::BYTE_LEN) {
-                s.byte_len += u64::from(compact::read32(rec, o_bl));
+                s.byte_len += u64::from(compact::read32(rec, o.byte_len));
             }
             if has(F, fields::IMM) && h.wc_flags & S::IMM.bits() != 0 {
-                let imm = compact::read32(rec, o_imm);
+                let imm = compact::read32(rec, o.imm);
                 s.imm = s.imm.wrapping_add(u64::from(imm));
             }
             if has(F, fields::QP_NUM) {
-                s.qp_num += u64::from(compact::read32(rec, o_qp));
+                s.qp_num += u64::from(compact::read32(rec, o.qp_num));
             }
             if has(F, fields::SRC_QP) {
-                s.src_qp += u64::from(compact::read32(rec, o_src));
+                s.src_qp += u64::from(compact::read32(rec, o.src_qp));
             }
             if has(F, fields::SLID) {
-                s.slid += u64::from(compact::read16(rec, o_slid));
+                s.slid += u64::from(compact::read16(rec, o.slid));
             }
             if has(F, fields::SL) {
-                s.sl += u64::from(compact::read8(rec, o_sl));
+                s.sl += u64::from(compact::read8(rec, o.sl));
             }
             if has(F, fields::DLID_PATH_BITS) {
-                let bits = compact::read8(rec, o_dl);
+                let bits = compact::read8(rec, o.dlid_path_bits);
                 s.dlid_path_bits += u64::from(bits);
             }
             if has(F, fields::COMPLETION_TIMESTAMP) {
-                let ts = compact::read64(rec, o_ts);
+                let ts = compact::read64(rec, o.ts);
                 s.ts = s.ts.wrapping_add(ts);
             }
             if has(F, fields::COMPLETION_TIMESTAMP_WALLCLOCK) {
-                let wall = compact::read64(rec, o_w);
+                let wall = compact::read64(rec, o.wall);
                 s.wall = s.wall.wrapping_add(wall);
             }
         }
@@ -501,10 +546,14 @@ impl Bench {
             (0, BL) => drain_classic::<BL>(cq, &self.clock, k, batch, &mut self.wcs),
             (0, BL_TS) => drain_classic::<BL_TS>(cq, &self.clock, k, batch, &mut self.wcs),
             (0, ALL) => drain_classic::<ALL>(cq, &self.clock, k, batch, &mut self.wcs),
-            (1, NONE) => drain_compact::<NONE>(cq, k, batch, &mut self.buf)?,
-            (1, BL) => drain_compact::<BL>(cq, k, batch, &mut self.buf)?,
-            (1, BL_TS) => drain_compact::<BL_TS>(cq, k, batch, &mut self.buf)?,
-            (1, ALL) => drain_compact::<ALL>(cq, k, batch, &mut self.buf)?,
+            (1, NONE) => drain_compact::<NONE, false>(cq, k, batch, &mut self.buf)?,
+            (1, BL) => drain_compact::<BL, false>(cq, k, batch, &mut self.buf)?,
+            (1, BL_TS) => drain_compact::<BL_TS, false>(cq, k, batch, &mut self.buf)?,
+            (1, ALL) => drain_compact::<ALL, false>(cq, k, batch, &mut self.buf)?,
+            (4, NONE) => drain_compact::<NONE, true>(cq, k, batch, &mut self.buf)?,
+            (4, BL) => drain_compact::<BL, true>(cq, k, batch, &mut self.buf)?,
+            (4, BL_TS) => drain_compact::<BL_TS, true>(cq, k, batch, &mut self.buf)?,
+            (4, ALL) => drain_compact::<ALL, true>(cq, k, batch, &mut self.buf)?,
             (2, NONE) => drain_cursor::<NONE>(cq, k, batch),
             (2, BL) => drain_cursor::<BL>(cq, k, batch),
             (2, BL_TS) => drain_cursor::<BL_TS>(cq, k, batch),
@@ -603,8 +652,8 @@ impl Report {
         );
         let _ = writeln!(
             t,
-            "  {:<12} {:>5}  {:>8}  {:>16}  {:>16}  {:>16}",
-            "fields", "batch", "classic", "compact", "cursor", "typed"
+            "  {:<12} {:>5}  {:>8}  {:>16}  {:>16}  {:>16}  {:>16}",
+            "fields", "batch", "classic", "compact", "cursor", "typed", "compact-rt"
         );
         for chunk in self.rows.chunks(APIS.len()) {
             let mut line = format!(
@@ -666,9 +715,9 @@ pub fn run(args: &Args) -> Result<()> {
     let cases: Vec<(usize, usize)> = (0..FIELD_SETS.len())
         .flat_map(|f| BATCHES.iter().map(move |&b| (f, b)))
         .collect();
-    let mut samples = vec![[const { Vec::<f64>::new() }; 4]; cases.len()];
-    let mut total_ns = vec![[0f64; 4]; cases.len()];
-    let mut sums = vec![[Sums::default(); 4]; cases.len()];
+    let mut samples = vec![[const { Vec::<f64>::new() }; APIS.len()]; cases.len()];
+    let mut total_ns = vec![[0f64; APIS.len()]; cases.len()];
+    let mut sums = vec![[Sums::default(); APIS.len()]; cases.len()];
     // One unmeasured round of everything first (page faults, caches, branch predictors).
     for round in 0..=fills {
         for (ci, &(f, batch)) in cases.iter().enumerate() {

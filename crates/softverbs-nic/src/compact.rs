@@ -114,8 +114,10 @@ pub const fn get_size(cq_flags: u64) -> usize {
     fields.next_multiple_of(8) + HEADER_LEN
 }
 
-/// The seed flags of the fields a CQ created with `wc_flags` returns.
-pub fn seed_flags(wc_flags: WcExFlags) -> SeedWcFlags {
+/// The seed flags of the fields a CQ created with `wc_flags` returns: what
+/// `compact_flags()` of such a CQ says. A `const fn`, so a program that creates its CQ with
+/// constant flags gets the seed's offsets as constants, as the seed's C helpers give them.
+pub const fn seed_flags(wc_flags: WcExFlags) -> SeedWcFlags {
     const MAP: [(WcExFlags, SeedWcFlags); 9] = [
         (WcExFlags::BYTE_LEN, SeedWcFlags::WITH_BYTE_LEN),
         (WcExFlags::IMM, SeedWcFlags::WITH_IMM),
@@ -133,9 +135,15 @@ pub fn seed_flags(wc_flags: WcExFlags) -> SeedWcFlags {
             SeedWcFlags::WITH_COMPLETION_TIMESTAMP_WALLCLOCK,
         ),
     ];
-    MAP.iter()
-        .filter(|(ex, _)| wc_flags.contains(*ex))
-        .fold(SeedWcFlags::empty(), |acc, (_, s)| acc | *s)
+    let mut seed = 0;
+    let mut i = 0;
+    while i < MAP.len() {
+        if wc_flags.contains(MAP[i].0) {
+            seed |= MAP[i].1.bits();
+        }
+        i += 1;
+    }
+    SeedWcFlags::from_bits_retain(seed)
 }
 
 /// Where each field of a CQ's records lies: worked out once per CQ so filling a record is
@@ -160,6 +168,8 @@ pub struct Layout {
     slid: u8,
     sl: u8,
     dlid_path_bits: u8,
+    /// All four 32-bit fields are present.
+    all32: bool,
 }
 
 /// A record offset or size as a byte: with only the seed's fields (masked in `Layout::new`)
@@ -233,6 +243,7 @@ impl Layout {
                 S::WITH_DLID_PATH_BITS.bits(),
                 get_offsetof8(f, S::WITH_DLID_PATH_BITS.bits()),
             ),
+            all32: f & FIELDS_32 == FIELDS_32,
         }
     }
 
@@ -262,15 +273,27 @@ impl Layout {
         put(rec, usize::from(self.ts), cqe.timestamp.to_ne_bytes());
         let wall_ns = wall.map_or(0, |w| w.ns(cqe.timestamp));
         put(rec, usize::from(self.wall), wall_ns.to_ne_bytes());
-        put(rec, usize::from(self.byte_len), cqe.byte_len.to_ne_bytes());
-        put(rec, usize::from(self.imm), cqe.imm_data.to_ne_bytes());
-        put(rec, usize::from(self.qp_num), cqe.qp_num.to_ne_bytes());
-        put(rec, usize::from(self.src_qp), cqe.src_qp.to_ne_bytes());
-        put(
-            rec,
-            usize::from(self.pkey_index),
-            cqe.pkey_index.to_ne_bytes(),
-        );
+        if self.all32 {
+            // The four 32-bit fields lie in the completion in the record's order: one copy.
+            let mut block = [0u8; 16];
+            block[0..4].copy_from_slice(&cqe.byte_len.to_ne_bytes());
+            block[4..8].copy_from_slice(&cqe.imm_data.to_ne_bytes());
+            block[8..12].copy_from_slice(&cqe.qp_num.to_ne_bytes());
+            block[12..16].copy_from_slice(&cqe.src_qp.to_ne_bytes());
+            put(rec, usize::from(self.byte_len), block);
+        } else {
+            put(rec, usize::from(self.byte_len), cqe.byte_len.to_ne_bytes());
+            put(rec, usize::from(self.imm), cqe.imm_data.to_ne_bytes());
+            put(rec, usize::from(self.qp_num), cqe.qp_num.to_ne_bytes());
+            put(rec, usize::from(self.src_qp), cqe.src_qp.to_ne_bytes());
+        }
+        if self.pkey_index != 0 {
+            put(
+                rec,
+                usize::from(self.pkey_index),
+                cqe.pkey_index.to_ne_bytes(),
+            );
+        }
         put(rec, usize::from(self.slid), cqe.slid.to_ne_bytes());
         put(rec, usize::from(self.sl), [cqe.sl]);
         put(rec, usize::from(self.dlid_path_bits), [cqe.dlid_path_bits]);
@@ -285,11 +308,17 @@ impl Layout {
         let mut h = [0u8; HEADER_LEN];
         h[0..8].copy_from_slice(&cqe.wr_id.to_ne_bytes());
         h[8..16].copy_from_slice(&flags.to_ne_bytes());
-        h[16..20].copy_from_slice(&u32::from(cqe.status).to_ne_bytes());
-        h[20..24].copy_from_slice(&u32::from(cqe.opcode).to_ne_bytes());
-        h[24..28].copy_from_slice(&cqe.vendor_err.to_ne_bytes());
+        h[16..24].copy_from_slice(&pair(u32::from(cqe.status), u32::from(cqe.opcode)));
+        h[24..32].copy_from_slice(&pair(cqe.vendor_err, 0));
         rec[..HEADER_LEN].copy_from_slice(&h);
     }
+}
+
+/// Two 32-bit words side by side, as one 8-byte store (the header is four stores, not six).
+#[inline(always)]
+fn pair(a: u32, b: u32) -> [u8; 8] {
+    let (a, b) = (a.to_ne_bytes(), b.to_ne_bytes());
+    [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
 }
 
 /// Stores `bytes` at `off` (offsets come from the layout, so they always fit the record;
