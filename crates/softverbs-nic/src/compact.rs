@@ -57,6 +57,8 @@ pub const OUTPUT_FLAGS: u64 = 0xf;
 
 /// `sizeof(struct ibv_wc_ex)`: the header before the fields.
 pub const HEADER_LEN: usize = 32;
+/// The largest record: the header and every field of the seed's (plus the wall clock).
+pub const MAX_RECORD: usize = 72;
 
 /// The fixed part of a record.
 #[repr(C)]
@@ -156,8 +158,7 @@ pub struct Layout {
     size: u8,
     /// Header plus fields: the rest of the record is padding.
     used: u8,
-    // Offsets from the record start. An absent field's offset is 0: it is written into the
-    // header's place, which the header then overwrites, so filling has no per-field branch.
+    // Offsets from the record start (0 for an absent field).
     ts: u8,
     wall: u8,
     byte_len: u8,
@@ -170,14 +171,23 @@ pub struct Layout {
     dlid_path_bits: u8,
     /// All four 32-bit fields are present.
     all32: bool,
+    /// [`groups`](Self::groups).
+    groups: u8,
 }
 
 /// A record offset or size as a byte: with only the seed's fields (masked in `Layout::new`)
-/// a record is at most 72 bytes.
+/// a record is at most [`MAX_RECORD`] bytes.
 const fn small(v: usize) -> u8 {
-    debug_assert!(v <= 72);
+    debug_assert!(v <= MAX_RECORD);
     v as u8
 }
+
+/// [`Layout::groups`] bits.
+pub const GROUP_64: u8 = 1;
+pub const GROUP_32: u8 = 1 << 1;
+pub const GROUP_16: u8 = 1 << 2;
+pub const GROUP_8: u8 = 1 << 3;
+pub const GROUPS_ALL: u8 = 0xf;
 
 /// Fields that mean nothing on a send-side completion (verbs fills them for receives only).
 const RECV_ONLY: u64 = SeedWcFlags::WITH_IMM.bits()
@@ -202,7 +212,7 @@ impl Layout {
             })
         };
         use SeedWcFlags as S;
-        Layout {
+        let layout = Layout {
             flags: f,
             size: small(get_size(f)),
             used: small(
@@ -244,7 +254,35 @@ impl Layout {
                 get_offsetof8(f, S::WITH_DLID_PATH_BITS.bits()),
             ),
             all32: f & FIELDS_32 == FIELDS_32,
-        }
+            groups: u8::from(f & FIELDS_64 != 0) * GROUP_64
+                | u8::from(f & FIELDS_32 != 0) * GROUP_32
+                | u8::from(f & FIELDS_16 != 0) * GROUP_16
+                | u8::from(f & FIELDS_8 != 0) * GROUP_8,
+        };
+        // `fill_groups` stores without bounds checks on the strength of this.
+        assert!(layout.fits(), "compact layout of {f:#x} outside its record");
+        layout
+    }
+
+    /// Every store `fill_groups` makes for this layout ends within the record.
+    fn fits(&self) -> bool {
+        let size = usize::from(self.size);
+        let block32 = if self.all32 { 16 } else { 4 };
+        let fields = [
+            (self.ts, 8),
+            (self.wall, 8),
+            (self.byte_len, block32),
+            (self.imm, 4),
+            (self.qp_num, 4),
+            (self.src_qp, 4),
+            (self.pkey_index, 2),
+            (self.slid, 2),
+            (self.sl, 1),
+            (self.dlid_path_bits, 1),
+        ];
+        (HEADER_LEN..=MAX_RECORD).contains(&size)
+            && size % 8 == 0
+            && fields.iter().all(|&(off, n)| usize::from(off) + n <= size)
     }
 
     /// The CQ creation flags this layout is for.
@@ -257,47 +295,36 @@ impl Layout {
         usize::from(self.size)
     }
 
+    /// The layout has field `flag`.
+    #[inline(always)]
+    fn has(&self, flag: SeedWcFlags) -> bool {
+        self.flags & flag.bits() != 0
+    }
+
+    /// Which field classes the records have: [`GROUP_64`], [`GROUP_32`], [`GROUP_16`], [`GROUP_8`].
+    pub fn groups(&self) -> u8 {
+        self.groups
+    }
+
     /// Writes `cqe` as one record at the start of `rec` (which must hold
     /// [`size`](Self::size) bytes). `wall` converts the timestamp when the layout has the
     /// wall-clock field.
     #[inline]
     pub fn fill(&self, rec: &mut [u8], cqe: &Cqe, wall: Option<&WallClock>) {
+        self.fill_groups::<GROUPS_ALL>(rec, cqe, wall);
+    }
+
+    /// [`fill`](Self::fill) for a layout whose [`groups`](Self::groups) are among `G`: the
+    /// code for the classes outside `G` is left out (a poll picks the variant once, so a CQ
+    /// with few fields pays only for those). `G` must cover the layout's groups.
+    #[inline(always)]
+    pub fn fill_groups<const G: u8>(&self, rec: &mut [u8], cqe: &Cqe, wall: Option<&WallClock>) {
+        debug_assert_eq!(self.groups() & !G, 0, "fill variant misses field classes");
+        use SeedWcFlags as S;
         let size = usize::from(self.size);
         let Some(rec) = rec.get_mut(..size) else {
             return; // too short: nothing written (poll_compact never passes one)
         };
-        // Padding up to the 8-byte boundary: zero, so records never leak older bytes. One
-        // 8-byte store over the record's last word (fields written below overwrite their
-        // part of it; in a header-only record the header does), not a variable-length fill.
-        put(rec, size - 8, [0; 8]);
-        put(rec, usize::from(self.ts), cqe.timestamp.to_ne_bytes());
-        let wall_ns = wall.map_or(0, |w| w.ns(cqe.timestamp));
-        put(rec, usize::from(self.wall), wall_ns.to_ne_bytes());
-        if self.all32 {
-            // The four 32-bit fields lie in the completion in the record's order: one copy.
-            let mut block = [0u8; 16];
-            block[0..4].copy_from_slice(&cqe.byte_len.to_ne_bytes());
-            block[4..8].copy_from_slice(&cqe.imm_data.to_ne_bytes());
-            block[8..12].copy_from_slice(&cqe.qp_num.to_ne_bytes());
-            block[12..16].copy_from_slice(&cqe.src_qp.to_ne_bytes());
-            put(rec, usize::from(self.byte_len), block);
-        } else {
-            put(rec, usize::from(self.byte_len), cqe.byte_len.to_ne_bytes());
-            put(rec, usize::from(self.imm), cqe.imm_data.to_ne_bytes());
-            put(rec, usize::from(self.qp_num), cqe.qp_num.to_ne_bytes());
-            put(rec, usize::from(self.src_qp), cqe.src_qp.to_ne_bytes());
-        }
-        if self.pkey_index != 0 {
-            put(
-                rec,
-                usize::from(self.pkey_index),
-                cqe.pkey_index.to_ne_bytes(),
-            );
-        }
-        put(rec, usize::from(self.slid), cqe.slid.to_ne_bytes());
-        put(rec, usize::from(self.sl), [cqe.sl]);
-        put(rec, usize::from(self.dlid_path_bits), [cqe.dlid_path_bits]);
-        // The header last: it overwrites whatever absent fields left at offset 0.
         let mut valid = self.flags;
         if cqe.status != 0 {
             valid &= ON_ERROR;
@@ -310,7 +337,51 @@ impl Layout {
         h[8..16].copy_from_slice(&flags.to_ne_bytes());
         h[16..24].copy_from_slice(&pair(u32::from(cqe.status), u32::from(cqe.opcode)));
         h[24..32].copy_from_slice(&pair(cqe.vendor_err, 0));
-        rec[..HEADER_LEN].copy_from_slice(&h);
+        // SAFETY: `rec` is exactly `size` bytes, and `Layout::new` checked (`fits`) that
+        // every store below ends within `size` bytes: the header at 0, the padding word at
+        // `size - 8` (`size` >= HEADER_LEN), and each present field at its offset.
+        unsafe {
+            // Padding up to the 8-byte boundary: zero, so records never leak older bytes. One
+            // 8-byte store over the record's last word (fields written below overwrite their
+            // part of it), not a variable-length fill; a header-only record has none.
+            if G != 0 {
+                put(rec, size - 8, [0; 8]);
+            }
+            // Within a class, an absent field is skipped by a branch that goes the same way
+            // for every record of the CQ.
+            if G & GROUP_64 != 0 {
+                put_field(rec, self.has(S::WITH_COMPLETION_TIMESTAMP), self.ts, cqe.timestamp.to_ne_bytes());
+                if self.has(S::WITH_COMPLETION_TIMESTAMP_WALLCLOCK) {
+                    let wall_ns = wall.map_or(0, |w| w.ns(cqe.timestamp));
+                    put(rec, usize::from(self.wall), wall_ns.to_ne_bytes());
+                }
+            }
+            if G & GROUP_32 == 0 {
+            } else if self.all32 {
+                // The four 32-bit fields lie in the completion in the record's order: one
+                // 16-byte store.
+                let mut block = [0u8; 16];
+                block[0..4].copy_from_slice(&cqe.byte_len.to_ne_bytes());
+                block[4..8].copy_from_slice(&cqe.imm_data.to_ne_bytes());
+                block[8..12].copy_from_slice(&cqe.qp_num.to_ne_bytes());
+                block[12..16].copy_from_slice(&cqe.src_qp.to_ne_bytes());
+                put(rec, usize::from(self.byte_len), block);
+            } else {
+                put_field(rec, self.has(S::WITH_BYTE_LEN), self.byte_len, cqe.byte_len.to_ne_bytes());
+                put_field(rec, self.has(S::WITH_IMM), self.imm, cqe.imm_data.to_ne_bytes());
+                put_field(rec, self.has(S::WITH_QP_NUM), self.qp_num, cqe.qp_num.to_ne_bytes());
+                put_field(rec, self.has(S::WITH_SRC_QP), self.src_qp, cqe.src_qp.to_ne_bytes());
+            }
+            if G & GROUP_16 != 0 {
+                put_field(rec, self.has(S::WITH_PKEY_INDEX), self.pkey_index, cqe.pkey_index.to_ne_bytes());
+                put_field(rec, self.has(S::WITH_SLID), self.slid, cqe.slid.to_ne_bytes());
+            }
+            if G & GROUP_8 != 0 {
+                put_field(rec, self.has(S::WITH_SL), self.sl, [cqe.sl]);
+                put_field(rec, self.has(S::WITH_DLID_PATH_BITS), self.dlid_path_bits, [cqe.dlid_path_bits]);
+            }
+            put(rec, 0, h);
+        }
     }
 }
 
@@ -321,18 +392,29 @@ fn pair(a: u32, b: u32) -> [u8; 8] {
     [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
 }
 
-/// Stores `bytes` at `off` (offsets come from the layout, so they always fit the record;
-/// out of range would be a layout bug, and is ignored rather than a panic).
+/// Stores field `bytes` at layout offset `off` if the field is `present`.
+///
+/// # Safety
+/// As [`put`].
 #[inline(always)]
-fn put<const N: usize>(rec: &mut [u8], off: usize, bytes: [u8; N]) {
-    // Clamped rather than checked: a record is at least the header, and the layout's offsets
-    // always fit, so the clamp never moves a store; it only lets the compiler drop the bounds
-    // check (and its branch) from every store of every record.
-    if rec.len() < HEADER_LEN {
-        return;
+unsafe fn put_field<const N: usize>(rec: &mut [u8], present: bool, off: u8, bytes: [u8; N]) {
+    if present {
+        // SAFETY: the caller's, as for `put`.
+        unsafe { put(rec, usize::from(off), bytes) }
     }
-    let at = off.min(rec.len() - N);
-    rec[at..at + N].copy_from_slice(&bytes);
+}
+
+/// Stores `bytes` at `off` of `rec`, without a bounds check (a record's stores, from its
+/// layout's offsets, are its fill's hot path).
+///
+/// # Safety
+/// `off + N <= rec.len()`.
+#[inline(always)]
+unsafe fn put<const N: usize>(rec: &mut [u8], off: usize, bytes: [u8; N]) {
+    debug_assert!(off + N <= rec.len());
+    // SAFETY: the caller's: the `N` bytes at `off` lie within `rec`, which we borrow mutably;
+    // an unaligned write of a byte array needs no alignment.
+    unsafe { rec.as_mut_ptr().add(off).cast::<[u8; N]>().write_unaligned(bytes) }
 }
 
 /// The header of the record at the start of `rec` (zeros where `rec` is short).
@@ -482,5 +564,52 @@ mod tests {
             0xaa,
             "nothing written past the record"
         );
+    }
+
+    /// Every combination of fields, filled into a buffer exactly one record long (so Miri
+    /// sees any store outside it) through the generic fill and through the variant a poll
+    /// picks for the layout's field classes: the same bytes, and a header that says so.
+    #[test]
+    fn every_layout_fills_within_its_record_and_every_variant_agrees() {
+        let cqes = [(0u8, 0u8), (0x80, 0), (0x81, 0), (2, 5)].map(|(opcode, status)| Cqe {
+            wr_id: 0x0102_0304_0506_0708,
+            timestamp: 0x1111_2222_3333_4444,
+            byte_len: 0x5555_6666,
+            imm_data: 0x7777_8888,
+            qp_num: 0x99,
+            src_qp: 0xaa,
+            vendor_err: 0xbb,
+            slid: 0xcccc,
+            pkey_index: 0xdddd,
+            status,
+            opcode,
+            wc_flags: 0xf,
+            sl: 0xe,
+            dlid_path_bits: 0x7f,
+            ..Default::default()
+        });
+        let wall = WallClock::default();
+        // Miri runs a sample; natively, all 1024.
+        let step = if cfg!(miri) { 5 } else { 1 };
+        for combo in (0u64..1 << 10).step_by(step) {
+            let l = Layout::new(SeedWcFlags::from_bits_retain(combo << 4));
+            assert!(l.fits());
+            for cqe in &cqes {
+                let mut generic = vec![0xa5u8; l.size()];
+                l.fill(&mut generic, cqe, Some(&wall));
+                let mut picked = vec![0x5au8; l.size()];
+                macro_rules! by_groups {
+                    ($($g:literal)*) => {
+                        match l.groups() {
+                            $($g => l.fill_groups::<$g>(&mut picked, cqe, Some(&wall)),)*
+                            _ => unreachable!(),
+                        }
+                    };
+                }
+                by_groups!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+                assert_eq!(generic, picked, "flags {:#x}, {cqe:?}", combo << 4);
+                assert_eq!(header(&generic).wr_id, cqe.wr_id);
+            }
+        }
     }
 }

@@ -324,8 +324,13 @@ impl Cq {
     /// Hands up to `max` completions, oldest first, to `f` (each read where it lies in the
     /// ring); returns how many.
     #[inline]
-    pub fn poll_with(&self, max: usize, mut f: impl FnMut(&Cqe)) -> usize {
-        let ring = self.read_ring();
+    pub fn poll_with(&self, max: usize, f: impl FnMut(&Cqe)) -> usize {
+        self.poll_ring(&self.read_ring(), max, f)
+    }
+
+    /// [`poll_with`](Self::poll_with) on the ring already in hand.
+    #[inline(always)]
+    fn poll_ring(&self, ring: &Ring, max: usize, mut f: impl FnMut(&Cqe)) -> usize {
         let mut n = 0;
         while n < max {
             let got = ring.pop_with(|c: &Cqe| {
@@ -393,12 +398,38 @@ impl Cq {
         };
         let wall = self
             .wc_flags
-            .contains(WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK)
-            .then(|| self.clock.wall());
+            .contains(WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK);
+        // One loop per combination of field classes, picked here once per poll, so a CQ with
+        // few fields runs no code for the others (as providers pick a poll function per CQ).
+        macro_rules! by_groups {
+            ($($g:literal)*) => {
+                match layout.groups() {
+                    $($g => self.fill_records::<$g>(buf, max, wall),)*
+                    _ => self.fill_records::<{ crate::compact::GROUPS_ALL }>(buf, max, wall),
+                }
+            };
+        }
+        by_groups!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14)
+    }
+
+    /// `poll_compact`'s loop for layouts whose field classes are among `G`; `want_wall`: the
+    /// records carry the wall-clock time.
+    #[inline(always)]
+    fn fill_records<const G: u8>(&self, buf: &mut [u8], max: usize, want_wall: bool) -> usize {
+        let layout = &self.layout;
+        let size = layout.size();
+        let ring = self.read_ring();
+        // A clock reading costs more than an empty poll, which busy-polling programs make far
+        // more often than full ones: none when there is nothing to convert.
+        let wall = if want_wall && !ring.is_empty() {
+            Some(self.clock.wall())
+        } else {
+            None
+        };
         let mut rest = buf;
-        self.poll_with(max, |c| {
+        self.poll_ring(&ring, max, |c| {
             if let Some((rec, tail)) = std::mem::take(&mut rest).split_at_mut_checked(size) {
-                layout.fill(rec, c, wall.as_ref());
+                layout.fill_groups::<G>(rec, c, wall.as_ref());
                 rest = tail;
             }
         })
