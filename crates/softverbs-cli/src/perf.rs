@@ -105,7 +105,8 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 pub enum PerfCommand {
     /// Nanoseconds per completion polled through each of the four CQ polling APIs (classic,
-    /// compact poll_ex, cursor, typed cursor), beside classic poll.
+    /// compact poll_ex, cursor, typed cursor), beside classic poll; and compact records read
+    /// at offsets known only at run time.
     CqPoll(crate::perf_cq::Args),
     /// Messages per second and descriptor bytes per message for one matrix column sent
     /// three ways: one SGE per cell, a CPU copy to a bounce buffer, one SGE over an

@@ -254,10 +254,15 @@ impl Layout {
                 get_offsetof8(f, S::WITH_DLID_PATH_BITS.bits()),
             ),
             all32: f & FIELDS_32 == FIELDS_32,
-            groups: u8::from(f & FIELDS_64 != 0) * GROUP_64
-                | u8::from(f & FIELDS_32 != 0) * GROUP_32
-                | u8::from(f & FIELDS_16 != 0) * GROUP_16
-                | u8::from(f & FIELDS_8 != 0) * GROUP_8,
+            groups: [
+                (FIELDS_64, GROUP_64),
+                (FIELDS_32, GROUP_32),
+                (FIELDS_16, GROUP_16),
+                (FIELDS_8, GROUP_8),
+            ]
+            .iter()
+            .filter(|(fields, _)| f & fields != 0)
+            .fold(0, |g, (_, bit)| g | bit),
         };
         // `fill_groups` stores without bounds checks on the strength of this.
         assert!(layout.fits(), "compact layout of {f:#x} outside its record");
@@ -350,7 +355,12 @@ impl Layout {
             // Within a class, an absent field is skipped by a branch that goes the same way
             // for every record of the CQ.
             if G & GROUP_64 != 0 {
-                put_field(rec, self.has(S::WITH_COMPLETION_TIMESTAMP), self.ts, cqe.timestamp.to_ne_bytes());
+                put_field(
+                    rec,
+                    self.has(S::WITH_COMPLETION_TIMESTAMP),
+                    self.ts,
+                    cqe.timestamp.to_ne_bytes(),
+                );
                 if self.has(S::WITH_COMPLETION_TIMESTAMP_WALLCLOCK) {
                     let wall_ns = wall.map_or(0, |w| w.ns(cqe.timestamp));
                     put(rec, usize::from(self.wall), wall_ns.to_ne_bytes());
@@ -367,18 +377,53 @@ impl Layout {
                 block[12..16].copy_from_slice(&cqe.src_qp.to_ne_bytes());
                 put(rec, usize::from(self.byte_len), block);
             } else {
-                put_field(rec, self.has(S::WITH_BYTE_LEN), self.byte_len, cqe.byte_len.to_ne_bytes());
-                put_field(rec, self.has(S::WITH_IMM), self.imm, cqe.imm_data.to_ne_bytes());
-                put_field(rec, self.has(S::WITH_QP_NUM), self.qp_num, cqe.qp_num.to_ne_bytes());
-                put_field(rec, self.has(S::WITH_SRC_QP), self.src_qp, cqe.src_qp.to_ne_bytes());
+                put_field(
+                    rec,
+                    self.has(S::WITH_BYTE_LEN),
+                    self.byte_len,
+                    cqe.byte_len.to_ne_bytes(),
+                );
+                put_field(
+                    rec,
+                    self.has(S::WITH_IMM),
+                    self.imm,
+                    cqe.imm_data.to_ne_bytes(),
+                );
+                put_field(
+                    rec,
+                    self.has(S::WITH_QP_NUM),
+                    self.qp_num,
+                    cqe.qp_num.to_ne_bytes(),
+                );
+                put_field(
+                    rec,
+                    self.has(S::WITH_SRC_QP),
+                    self.src_qp,
+                    cqe.src_qp.to_ne_bytes(),
+                );
             }
             if G & GROUP_16 != 0 {
-                put_field(rec, self.has(S::WITH_PKEY_INDEX), self.pkey_index, cqe.pkey_index.to_ne_bytes());
-                put_field(rec, self.has(S::WITH_SLID), self.slid, cqe.slid.to_ne_bytes());
+                put_field(
+                    rec,
+                    self.has(S::WITH_PKEY_INDEX),
+                    self.pkey_index,
+                    cqe.pkey_index.to_ne_bytes(),
+                );
+                put_field(
+                    rec,
+                    self.has(S::WITH_SLID),
+                    self.slid,
+                    cqe.slid.to_ne_bytes(),
+                );
             }
             if G & GROUP_8 != 0 {
                 put_field(rec, self.has(S::WITH_SL), self.sl, [cqe.sl]);
-                put_field(rec, self.has(S::WITH_DLID_PATH_BITS), self.dlid_path_bits, [cqe.dlid_path_bits]);
+                put_field(
+                    rec,
+                    self.has(S::WITH_DLID_PATH_BITS),
+                    self.dlid_path_bits,
+                    [cqe.dlid_path_bits],
+                );
             }
             put(rec, 0, h);
         }
@@ -414,7 +459,12 @@ unsafe fn put<const N: usize>(rec: &mut [u8], off: usize, bytes: [u8; N]) {
     debug_assert!(off + N <= rec.len());
     // SAFETY: the caller's: the `N` bytes at `off` lie within `rec`, which we borrow mutably;
     // an unaligned write of a byte array needs no alignment.
-    unsafe { rec.as_mut_ptr().add(off).cast::<[u8; N]>().write_unaligned(bytes) }
+    unsafe {
+        rec.as_mut_ptr()
+            .add(off)
+            .cast::<[u8; N]>()
+            .write_unaligned(bytes)
+    }
 }
 
 /// The header of the record at the start of `rec` (zeros where `rec` is short).

@@ -388,8 +388,7 @@ impl Cq {
     /// records limits `max`.
     #[inline]
     pub fn poll_compact(&self, buf: &mut [u8], max: usize) -> usize {
-        let layout = self.layout;
-        let size = layout.size();
+        let size = self.layout.size();
         // Divisions cost as much as a completion's worth of work on a 16-completion poll, so
         // the usual case (the buffer holds `max` records) is checked with a multiplication.
         let max = match max.checked_mul(size) {
@@ -403,7 +402,7 @@ impl Cq {
         // few fields runs no code for the others (as providers pick a poll function per CQ).
         macro_rules! by_groups {
             ($($g:literal)*) => {
-                match layout.groups() {
+                match self.layout.groups() {
                     $($g => self.fill_records::<$g>(buf, max, wall),)*
                     _ => self.fill_records::<{ crate::compact::GROUPS_ALL }>(buf, max, wall),
                 }
