@@ -306,7 +306,7 @@ where
 {
     ring: G,
     pos: u64,
-    ptr: std::ptr::NonNull<T>,
+    ptr: *const T,
 }
 
 impl<T: SlotPayload, G: std::ops::Deref> InPlace<T, G>
@@ -329,7 +329,7 @@ where
         // Payloads start 8 bytes into 8-byte-multiple slots of a page-aligned segment.
         assert!(std::mem::align_of::<T>() <= 8);
         let pos = r.claim_pop()?;
-        let ptr = std::ptr::NonNull::new(r.payload_ptr(pos).cast::<T>())?;
+        let ptr = r.payload_ptr(pos).cast::<T>();
         Some(InPlace { ring, pos, ptr })
     }
 
@@ -339,7 +339,7 @@ where
         // SAFETY: slot `pos` was published and claimed by us; no producer writes it until we
         // release it (in `advance` or `drop`), and `ptr` is in bounds and aligned (asserted
         // in `start`). `self.ring` keeps the segment mapped for the borrow's lifetime.
-        unsafe { self.ptr.as_ref() }
+        unsafe { &*self.ptr }
     }
 
     /// Releases the held entry and takes the next one; false (still holding the old entry)
@@ -353,8 +353,7 @@ where
         ring.release(self.pos);
         let ptr = ring.payload_ptr(next).cast::<T>();
         self.pos = next;
-        // The payload pointer of a slot of a mapped segment is never null.
-        self.ptr = std::ptr::NonNull::new(ptr).unwrap_or(self.ptr);
+        self.ptr = ptr;
         true
     }
 }
