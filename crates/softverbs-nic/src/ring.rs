@@ -304,7 +304,10 @@ pub struct InPlace<T: SlotPayload, G: std::ops::Deref>
 where
     G::Target: std::borrow::Borrow<Ring>,
 {
-    ring: G,
+    /// Keeps the ring alive and in place (held, never read: `at` is used instead).
+    _ring: G,
+    /// The ring `_ring` reaches, kept so each step does not walk the guard to it again.
+    at: *const Ring,
     pos: u64,
     ptr: *const T,
 }
@@ -315,7 +318,9 @@ where
 {
     #[inline(always)]
     fn ring(&self) -> &Ring {
-        std::borrow::Borrow::borrow(&*self.ring)
+        // SAFETY: `at` is where `_ring` led in `start`, and the ring stays there while `_ring`
+        // lives (the precondition of `start`).
+        unsafe { &*self.at }
     }
 
     /// Takes the oldest entry of the ring `ring` holds; `None` when it is empty.
@@ -330,7 +335,13 @@ where
         assert!(std::mem::align_of::<T>() <= 8);
         let pos = r.claim_pop()?;
         let ptr = r.payload_ptr(pos).cast::<T>();
-        Some(InPlace { ring, pos, ptr })
+        let at: *const Ring = r;
+        Some(InPlace {
+            _ring: ring,
+            at,
+            pos,
+            ptr,
+        })
     }
 
     /// The entry held.
@@ -338,7 +349,7 @@ where
     pub fn get(&self) -> &T {
         // SAFETY: slot `pos` was published and claimed by us; no producer writes it until we
         // release it (in `advance` or `drop`), and `ptr` is in bounds and aligned (asserted
-        // in `start`). `self.ring` keeps the segment mapped for the borrow's lifetime.
+        // in `start`). `_ring` keeps the segment mapped for the borrow's lifetime.
         unsafe { &*self.ptr }
     }
 
