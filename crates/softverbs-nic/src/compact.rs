@@ -342,6 +342,12 @@ impl Layout {
         h[8..16].copy_from_slice(&flags.to_ne_bytes());
         h[16..24].copy_from_slice(&pair(u32::from(cqe.status), u32::from(cqe.opcode)));
         h[24..32].copy_from_slice(&pair(cqe.vendor_err, 0));
+        // Field `$f` at the layout's offset `$off`, if the layout has it.
+        macro_rules! field {
+            ($f:ident, $off:ident, $bytes:expr) => {
+                put_field(rec, self.has(S::$f), self.$off, $bytes)
+            };
+        }
         // SAFETY: `rec` is exactly `size` bytes, and `Layout::new` checked (`fits`) that
         // every store below ends within `size` bytes: the header at 0, the padding word at
         // `size - 8` (`size` >= HEADER_LEN), and each present field at its offset.
@@ -355,12 +361,7 @@ impl Layout {
             // Within a class, an absent field is skipped by a branch that goes the same way
             // for every record of the CQ.
             if G & GROUP_64 != 0 {
-                put_field(
-                    rec,
-                    self.has(S::WITH_COMPLETION_TIMESTAMP),
-                    self.ts,
-                    cqe.timestamp.to_ne_bytes(),
-                );
+                field!(WITH_COMPLETION_TIMESTAMP, ts, cqe.timestamp.to_ne_bytes());
                 if self.has(S::WITH_COMPLETION_TIMESTAMP_WALLCLOCK) {
                     let wall_ns = wall.map_or(0, |w| w.ns(cqe.timestamp));
                     put(rec, usize::from(self.wall), wall_ns.to_ne_bytes());
@@ -377,53 +378,18 @@ impl Layout {
                 block[12..16].copy_from_slice(&cqe.src_qp.to_ne_bytes());
                 put(rec, usize::from(self.byte_len), block);
             } else {
-                put_field(
-                    rec,
-                    self.has(S::WITH_BYTE_LEN),
-                    self.byte_len,
-                    cqe.byte_len.to_ne_bytes(),
-                );
-                put_field(
-                    rec,
-                    self.has(S::WITH_IMM),
-                    self.imm,
-                    cqe.imm_data.to_ne_bytes(),
-                );
-                put_field(
-                    rec,
-                    self.has(S::WITH_QP_NUM),
-                    self.qp_num,
-                    cqe.qp_num.to_ne_bytes(),
-                );
-                put_field(
-                    rec,
-                    self.has(S::WITH_SRC_QP),
-                    self.src_qp,
-                    cqe.src_qp.to_ne_bytes(),
-                );
+                field!(WITH_BYTE_LEN, byte_len, cqe.byte_len.to_ne_bytes());
+                field!(WITH_IMM, imm, cqe.imm_data.to_ne_bytes());
+                field!(WITH_QP_NUM, qp_num, cqe.qp_num.to_ne_bytes());
+                field!(WITH_SRC_QP, src_qp, cqe.src_qp.to_ne_bytes());
             }
             if G & GROUP_16 != 0 {
-                put_field(
-                    rec,
-                    self.has(S::WITH_PKEY_INDEX),
-                    self.pkey_index,
-                    cqe.pkey_index.to_ne_bytes(),
-                );
-                put_field(
-                    rec,
-                    self.has(S::WITH_SLID),
-                    self.slid,
-                    cqe.slid.to_ne_bytes(),
-                );
+                field!(WITH_PKEY_INDEX, pkey_index, cqe.pkey_index.to_ne_bytes());
+                field!(WITH_SLID, slid, cqe.slid.to_ne_bytes());
             }
             if G & GROUP_8 != 0 {
-                put_field(rec, self.has(S::WITH_SL), self.sl, [cqe.sl]);
-                put_field(
-                    rec,
-                    self.has(S::WITH_DLID_PATH_BITS),
-                    self.dlid_path_bits,
-                    [cqe.dlid_path_bits],
-                );
+                field!(WITH_SL, sl, [cqe.sl]);
+                field!(WITH_DLID_PATH_BITS, dlid_path_bits, [cqe.dlid_path_bits]);
             }
             put(rec, 0, h);
         }
