@@ -22,7 +22,9 @@
 //! Every API reads every field of the set of every completion and folds it into checksums; the
 //! checksums of the deterministic fields (count, `wr_id`, opcode, byte_len, imm, QP numbers,
 //! LID fields) must agree across the APIs, or the run fails. Fills are interleaved round by
-//! round over every case and API (the API order rotating), so machine noise hits all alike.
+//! round over every case and API (the API order rotating), so machine noise hits all alike,
+//! and each round runs at another stack depth (see `deeper`), so no API keeps a lucky or
+//! unlucky memory layout for the whole run.
 
 use crate::Result;
 use crate::perf::{count_arg, median, print_report};
@@ -582,6 +584,28 @@ impl Bench {
     }
 }
 
+/// Stack depths the drains rotate through (see [`deeper`]).
+const STACK_DEPTHS: usize = 48;
+
+/// Runs `f` `depth` frames (of 100-odd bytes each) further down the stack.
+///
+/// Where a drain's stack frame lies relative to the CQ ring and the buffers, modulo 4 KiB,
+/// decides whether some of its loads wait on unrelated stores (4K aliasing), and the stack's
+/// start moves with every run of the program: without this, one API in one case could run
+/// ~3% slower or faster for a whole run. Rotating the depth fill by fill averages that out
+/// within the run.
+#[inline(never)]
+fn deeper<R>(depth: usize, f: &mut dyn FnMut() -> R) -> R {
+    let pad = black_box([0u8; 64]);
+    let r = if depth == 0 {
+        f()
+    } else {
+        deeper(depth - 1, f)
+    };
+    black_box(&pad);
+    r
+}
+
 fn set_name(flags: u64) -> &'static str {
     FIELD_SETS
         .iter()
@@ -727,7 +751,9 @@ pub fn run(args: &Args) -> Result<()> {
             for i in 0..APIS.len() {
                 // Rotate the order, so no API always runs right after a fill of another kind.
                 let api = (i + round as usize + ci) % APIS.len();
-                let (ns, s) = benches[f].round(api, batch)?;
+                // Every API drains at the same rotation of stack depths.
+                let depth = round as usize % STACK_DEPTHS;
+                let (ns, s) = deeper(depth, &mut || benches[f].round(api, batch))?;
                 if round == 0 {
                     continue;
                 }
