@@ -589,11 +589,11 @@ const STACK_DEPTHS: usize = 48;
 
 /// Runs `f` `depth` frames (of 100-odd bytes each) further down the stack.
 ///
-/// Where a drain's stack frame lies relative to the CQ ring and the buffers, modulo 4 KiB,
-/// decides whether some of its loads wait on unrelated stores (4K aliasing), and the stack's
-/// start moves with every run of the program: without this, one API in one case could run
-/// ~3% slower or faster for a whole run. Rotating the depth fill by fill averages that out
-/// within the run.
+/// Without this, about one run in six had one API in one case ~3% slower or faster than
+/// usual for the whole run: where a drain's stack frame lies relative to the CQ ring and the
+/// buffers modulo 4 KiB moves with every run of the program (the stack's start is
+/// randomised), and some placements make loads wait on unrelated stores (4K aliasing, most
+/// likely). Rotating the depth fill by fill averages that out within the run.
 #[inline(never)]
 fn deeper<R>(depth: usize, f: &mut dyn FnMut() -> R) -> R {
     let pad = black_box([0u8; 64]);
