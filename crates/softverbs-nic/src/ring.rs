@@ -325,8 +325,9 @@ where
 
     /// Takes the oldest entry of the ring `ring` holds; `None` when it is empty.
     ///
-    /// `ring` must reach the same ring every time it is dereferenced (true of `Arc` and of
-    /// lock guards), which is why this is for the crate only.
+    /// `ring` must reach the same ring, at the same address, for as long as it lives, even
+    /// when moved (true of an `Arc` and of a lock guard over one: the ring lies in the `Arc`'s
+    /// allocation), which is why this is for the crate only.
     #[inline(always)]
     pub(crate) fn start(ring: G) -> Option<Self> {
         let r: &Ring = std::borrow::Borrow::borrow(&*ring);
