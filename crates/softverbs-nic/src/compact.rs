@@ -182,12 +182,12 @@ const fn small(v: usize) -> u8 {
     v as u8
 }
 
-/// [`Layout::groups`] bits.
-pub const GROUP_64: u8 = 1;
-pub const GROUP_32: u8 = 1 << 1;
-pub const GROUP_16: u8 = 1 << 2;
-pub const GROUP_8: u8 = 1 << 3;
-pub const GROUPS_ALL: u8 = 0xf;
+// `Layout::groups` bits: the record has 64-, 32-, 16- or 8-bit fields.
+pub(crate) const GROUP_64: u8 = 1;
+pub(crate) const GROUP_32: u8 = 1 << 1;
+pub(crate) const GROUP_16: u8 = 1 << 2;
+pub(crate) const GROUP_8: u8 = 1 << 3;
+pub(crate) const GROUPS_ALL: u8 = 0xf;
 
 /// Fields that mean nothing on a send-side completion (verbs fills them for receives only).
 const RECV_ONLY: u64 = SeedWcFlags::WITH_IMM.bits()
@@ -306,8 +306,8 @@ impl Layout {
         self.flags & flag.bits() != 0
     }
 
-    /// Which field classes the records have: [`GROUP_64`], [`GROUP_32`], [`GROUP_16`], [`GROUP_8`].
-    pub fn groups(&self) -> u8 {
+    /// Which field classes the records have (`GROUP_*` bits).
+    pub(crate) fn groups(&self) -> u8 {
         self.groups
     }
 
@@ -323,7 +323,12 @@ impl Layout {
     /// code for the classes outside `G` is left out (a poll picks the variant once, so a CQ
     /// with few fields pays only for those). `G` must cover the layout's groups.
     #[inline(always)]
-    pub fn fill_groups<const G: u8>(&self, rec: &mut [u8], cqe: &Cqe, wall: Option<&WallClock>) {
+    pub(crate) fn fill_groups<const G: u8>(
+        &self,
+        rec: &mut [u8],
+        cqe: &Cqe,
+        wall: Option<&WallClock>,
+    ) {
         debug_assert_eq!(self.groups() & !G, 0, "fill variant misses field classes");
         use SeedWcFlags as S;
         let size = usize::from(self.size);

@@ -505,7 +505,7 @@ impl Cq {
 }
 
 /// A polling section over a CQ (`ibv_start_poll` … `ibv_end_poll`): it holds one completion,
-/// read in place in the CQ ring, until [`next`](Self::next) moves on or it is dropped.
+/// read in place in the CQ ring, until [`advance`](Self::advance) moves on or it is dropped.
 pub struct Cursor<'a> {
     cq: &'a Cq,
     // Holding the read guard keeps the ring from being swapped by a resize, at the cost of
