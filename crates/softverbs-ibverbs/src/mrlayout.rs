@@ -2,7 +2,8 @@
 //! `include/softverbs/verbs_ext.h` and exported under `SOFTVERBS_1.0`:
 //! `ibv_mr_set_layout_sg`, `ibv_mr_set_layout_interleaved` (the seed's structs and result
 //! codes) and `ibv_query_mr_layout_caps` (the seed's `struct ibv_mr_layout_caps`, which the
-//! shipped `struct ibv_device_attr_ex` has no room for).
+//! shipped `struct ibv_device_attr_ex` has no room for); and the page-list and bitmap
+//! registrations the seed's thread asks for, `ibv_reg_mr_pages` and `ibv_reg_mr_bitmap`.
 //!
 //! The container is made by `ibv_reg_mr(pd, NULL, 0, IBV_ACCESS_ZERO_BASED | ...)` (see
 //! `sv_ibv_reg_mr_iova2`), the layout bind work request is `IBV_WR_BIND_MW` naming the
@@ -11,10 +12,10 @@
 //! C arguments, maps errors to the seed's codes and keeps the C `struct ibv_mr` (keys, length)
 //! in step with the NIC's.
 
-use crate::abi::{ibv_context, ibv_mr, ibv_sge};
+use crate::abi::{ibv_context, ibv_mr, ibv_pd, ibv_sge};
 use crate::set_errno;
-use crate::verbs::{with_live_ctx, with_live_mr};
-use core::ffi::c_int;
+use crate::verbs::{inval, new_mr, nic_pd, null, with_live_ctx, with_live_mr};
+use core::ffi::{c_int, c_uint, c_void};
 use softverbs_nic::Error;
 use softverbs_nic::layout::{Datum, Dim, InterleavedEntry, Layout, LayoutCaps, SetLayoutFlags};
 use softverbs_nic::mrlayout::{LayoutSource, set_layout_code};
@@ -254,4 +255,95 @@ pub unsafe extern "C" fn sv_ibv_query_mr_layout_caps(
     // SAFETY: the caller's writable struct, not NULL.
     unsafe { caps.write(out) };
     0
+}
+
+/// `ibv_reg_mr_pages`: `length` bytes from `first_offset` into `pages[0]` on through
+/// `pages[1..num_pages]`, each a `page_size`-aligned page anywhere in this process, seen at
+/// IOVA `iova` (0 with `IBV_ACCESS_ZERO_BASED`): the NIC's `Pd::reg_mr_pages`. NULL with
+/// errno EINVAL for a NULL `pd` or `pages`, no pages, or a list the NIC refuses.
+///
+/// # Safety
+/// `pd` is a live PD of this library; `pages` holds `num_pages` pointers; every page stays
+/// valid until `ibv_dereg_mr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_reg_mr_pages(
+    pd: *mut ibv_pd,
+    pages: *const *mut c_void,
+    num_pages: usize,
+    page_size: usize,
+    first_offset: usize,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    // SAFETY: the caller's.
+    let Some(nic) = (unsafe { nic_pd(pd) }) else {
+        return inval();
+    };
+    if pages.is_null() || num_pages == 0 || num_pages > isize::MAX as usize / 8 {
+        return inval();
+    }
+    // SAFETY: the caller provides `num_pages` pointers at `pages`.
+    let list: Vec<u64> = unsafe { core::slice::from_raw_parts(pages, num_pages) }
+        .iter()
+        .map(|&p| p as usize as u64)
+        .collect();
+    // SAFETY: the pages stay valid until ibv_dereg_mr (the caller's contract, as verbs asks
+    // of any registered buffer).
+    let r = unsafe {
+        nic.reg_mr_pages(
+            &list,
+            page_size as u64,
+            first_offset as u64,
+            length as u64,
+            iova,
+            access,
+        )
+    };
+    region_to_c(pd, r)
+}
+
+/// `ibv_reg_mr_bitmap`: page `i` at `base + i * page_size` belongs to the region when bit
+/// `i % 64` of `bitmap[i / 64]` is set (`num_words` words); the selected pages in order, seen
+/// at IOVA `iova` (0 with `IBV_ACCESS_ZERO_BASED`): the NIC's `Pd::reg_mr_bitmap`. NULL with
+/// errno EINVAL for a NULL `pd` or `bitmap`, no words, or a map the NIC refuses.
+///
+/// # Safety
+/// `pd` is a live PD of this library; `bitmap` holds `num_words` words; every selected page
+/// stays valid until `ibv_dereg_mr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_reg_mr_bitmap(
+    pd: *mut ibv_pd,
+    base: *mut c_void,
+    page_size: usize,
+    bitmap: *const u64,
+    num_words: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    // SAFETY: the caller's.
+    let Some(nic) = (unsafe { nic_pd(pd) }) else {
+        return inval();
+    };
+    if bitmap.is_null() || num_words == 0 || num_words > isize::MAX as usize / 8 {
+        return inval();
+    }
+    // SAFETY: the caller provides `num_words` words at `bitmap`.
+    let words = unsafe { core::slice::from_raw_parts(bitmap, num_words) };
+    // SAFETY: the selected pages stay valid until ibv_dereg_mr (the caller's contract).
+    let r =
+        unsafe { nic.reg_mr_bitmap(base as usize as u64, page_size as u64, words, iova, access) };
+    region_to_c(pd, r)
+}
+
+/// A page-list or bitmap registration handed to C: `addr` is the IOVA its SGEs use.
+fn region_to_c(pd: *mut ibv_pd, r: softverbs_nic::Result<Mr>) -> *mut ibv_mr {
+    match r {
+        Ok(mr) => {
+            let (addr, len) = (mr.iova() as usize as *mut c_void, mr.len());
+            // SAFETY: `pd` is a live PD of ours (checked by the callers).
+            new_mr(unsafe { (*pd).context }, pd, addr, len, mr, None)
+        }
+        Err(e) => null(e),
+    }
 }

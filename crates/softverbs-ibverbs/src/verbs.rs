@@ -248,12 +248,12 @@ fn rc(r: Result<()>) -> c_int {
 }
 
 /// Reports `e` the verbs way for calls that return NULL and set errno.
-fn null<T>(e: Error) -> *mut T {
+pub(crate) fn null<T>(e: Error) -> *mut T {
     set_errno(e.errno());
     null_mut()
 }
 
-fn inval<T>() -> *mut T {
+pub(crate) fn inval<T>() -> *mut T {
     set_errno(EINVAL);
     null_mut()
 }
@@ -841,8 +841,17 @@ pub unsafe extern "C" fn sv_ibv_reg_mr_iova2(
     }
 }
 
+/// The NIC PD of `pd`, a PD of this library (None for NULL).
+///
+/// # Safety
+/// `pd` is NULL or came from `sv_ibv_alloc_pd` and is not deallocated.
+pub(crate) unsafe fn nic_pd<'a>(pd: *mut ibv_pd) -> Option<&'a Arc<Pd>> {
+    // SAFETY: the caller's.
+    (!pd.is_null()).then(|| &unsafe { &*(pd as *const SvPd) }.nic)
+}
+
 /// Hands a registered MR to C and records it as live.
-fn new_mr(
+pub(crate) fn new_mr(
     context: *mut ibv_context,
     pd: *mut ibv_pd,
     addr: *mut c_void,

@@ -29,10 +29,12 @@
  * The non-contiguous memory regions of seed 002 ("[RFC rdma-core 2/2] verbs: Introduce
  * non-contiguous memory registration" and its replies) are in the second half of this header:
  * ibv_mr_set_layout_sg, ibv_mr_set_layout_interleaved, their structs, flags and result codes,
- * and ibv_query_mr_layout_caps.
+ * and ibv_query_mr_layout_caps; and the page-list and bitmap registrations its replies ask
+ * for, ibv_reg_mr_pages and ibv_reg_mr_bitmap.
  *
  * Linking: ibv_poll_cq_ex, ibv_wc_ex_cq_flags, ibv_mr_set_layout_sg,
- * ibv_mr_set_layout_interleaved and ibv_query_mr_layout_caps are exported by the softverbs
+ * ibv_mr_set_layout_interleaved, ibv_query_mr_layout_caps, ibv_reg_mr_pages and
+ * ibv_reg_mr_bitmap are exported by the softverbs
  * libibverbs.so.1 only (symbol version SOFTVERBS_1.0), so link against it, e.g.
  *   cc -I<softverbs>/crates/softverbs-ibverbs/include prog.c -L<dir> -libverbs
  * where <dir>/libibverbs.so is the softverbs library (target/<profile>/libibverbs.so), and run
@@ -469,6 +471,45 @@ int ibv_mr_set_layout_interleaved(struct ibv_mr *mr, int flags, int num_interlea
  * Returns 0, or EINVAL for a NULL or unknown @context or a NULL @caps.
  */
 int ibv_query_mr_layout_caps(struct ibv_context *context, struct ibv_mr_layout_caps *caps);
+
+/**
+ * ibv_reg_mr_pages - Register a list of pages as one region
+ * @pd: protection domain
+ * @pages: @num_pages page addresses, each @page_size-aligned, in the region's order (they need
+ *         not be contiguous or in order in memory; neighbours in memory are merged)
+ * @page_size: a power of two
+ * @first_offset: where in pages[0] the region starts
+ * @length: bytes of the region, through the pages in order
+ * @iova: the address SGEs and peers use for the region's first byte (0 with
+ *        IBV_ACCESS_ZERO_BASED); mr->addr is this address
+ * @access: enum ibv_access_flags
+ *
+ * The pages must stay valid until ibv_dereg_mr. Returns the region, or NULL with errno EINVAL
+ * (NULL @pd or @pages, no pages, a misaligned page, @length past the last page, ...).
+ */
+struct ibv_mr *ibv_reg_mr_pages(struct ibv_pd *pd, void *const *pages, size_t num_pages,
+				size_t page_size, size_t first_offset, size_t length,
+				uint64_t iova, unsigned int access);
+
+/**
+ * ibv_reg_mr_bitmap - Register the pages of a range that a bitmap selects
+ * @pd: protection domain
+ * @base: a @page_size-aligned address; page i is base + i * page_size
+ * @page_size: a power of two
+ * @bitmap: page i is in the region when bit (i % 64) of bitmap[i / 64] is set (least
+ *          significant first)
+ * @num_words: words of @bitmap
+ * @iova: the address SGEs and peers use for the region's first byte (0 with
+ *        IBV_ACCESS_ZERO_BASED); mr->addr is this address
+ * @access: enum ibv_access_flags
+ *
+ * The region is the selected pages in increasing order; they must stay valid until
+ * ibv_dereg_mr. Returns the region, or NULL with errno EINVAL (NULL @pd or @bitmap, no page
+ * selected, a misaligned @base, ...).
+ */
+struct ibv_mr *ibv_reg_mr_bitmap(struct ibv_pd *pd, void *base, size_t page_size,
+				 const uint64_t *bitmap, size_t num_words, uint64_t iova,
+				 unsigned int access);
 
 /* The seed's IBV_WR_BIND_MR: softverbs' bind work request for WITH_POST_WR layouts. */
 #define IBV_WR_BIND_MR IBV_WR_BIND_MW

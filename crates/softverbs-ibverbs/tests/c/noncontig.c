@@ -1,6 +1,7 @@
 /* Built by tests/capi.rs against Debian's <infiniband/verbs.h> and softverbs' own
  * <softverbs/verbs_ext.h>, linked to the softverbs drop-in (ibv_mr_set_layout_sg,
- * ibv_mr_set_layout_interleaved and ibv_query_mr_layout_caps are exported by it only) and run
+ * ibv_mr_set_layout_interleaved, ibv_query_mr_layout_caps, ibv_reg_mr_pages and
+ * ibv_reg_mr_bitmap are exported by it only) and run
  * with it. Prints "ok" and exits 0.
  *
  * Seed 002's non-contiguous memory regions over two connected RC QPs of one process:
@@ -18,7 +19,9 @@
  *   _UNSUPPORTED (EOPNOTSUPP: too many dimensions, SGEs or entries, nesting too deep, unknown
  *   flags); a key change without the flag, visible in mr->lkey/rkey, the old key dead.
  * - ibv_dereg_mr of a region a layout uses: EBUSY, and it keeps working; in inverse order it
- *   succeeds; NULL, foreign and already deregistered MRs give EINVAL. */
+ *   succeeds; NULL, foreign and already deregistered MRs give EINVAL.
+ * - ibv_reg_mr_pages / ibv_reg_mr_bitmap: out-of-order pages and a sparse selection sent from
+ *   and written into; bad arguments give EINVAL. */
 #include <softverbs/verbs_ext.h>
 #include <stddef.h>
 
@@ -567,6 +570,79 @@ static void errors(const struct ibv_mr_layout_caps *caps) {
     free(buf);
 }
 
+/* ibv_reg_mr_pages: pages out of order, from an offset into the first, at a chosen IOVA;
+ * ibv_reg_mr_bitmap: the pages a bitmap selects, zero-based. Each region is sent from with one
+ * SGE and received contiguous, and RDMA-written into by rkey. Bad arguments: NULL, EINVAL. */
+static void pages_and_bitmap(void) {
+    enum { PG = 4096 };
+    char *buf = aligned_alloc(PG, 8 * PG);
+    char *want = malloc(2 * PG);
+    CHECK(buf && want);
+    for (int i = 0; i < 8 * PG; i++)
+        buf[i] = (char)(i / PG * 16 + i % 13);
+    int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+
+    void *pages[3] = {buf + 5 * PG, buf + 2 * PG, buf + 6 * PG};
+    uint64_t iova = 0x10000000;
+    struct ibv_mr *pl = ibv_reg_mr_pages(pd, pages, 3, PG, 100, 2 * PG, iova, acc);
+    CHECK(pl);
+    CHECK(pl->length == 2 * PG && (uint64_t)(uintptr_t)pl->addr == iova && pl->lkey == pl->rkey);
+    memcpy(want, buf + 5 * PG + 100, PG - 100);
+    memcpy(want + PG - 100, buf + 2 * PG, PG);
+    memcpy(want + 2 * PG - 100, buf + 6 * PG, 100);
+    send_expect(pl->lkey, iova, 2 * PG, want);
+
+    /* Pages 1, 3, 4 and 7; bytes 2 * PG.. of the region are pages 4 and 7. */
+    uint64_t bits = (1u << 1) | (1u << 3) | (1u << 4) | (1u << 7);
+    struct ibv_mr *bm = ibv_reg_mr_bitmap(pd, buf, PG, &bits, 1, 0, acc | IBV_ACCESS_ZERO_BASED);
+    CHECK(bm);
+    CHECK(bm->length == 4 * PG && bm->addr == NULL);
+    memcpy(want, buf + 4 * PG, PG);
+    memcpy(want + PG, buf + 7 * PG, PG);
+    send_expect(bm->lkey, 2 * PG, 2 * PG, want);
+
+    /* An RDMA WRITE by rkey across the page boundary of the list lands in pages 5 and 2. */
+    memset(rbuf, 0x5a, 64);
+    struct ibv_sge s = {(uintptr_t)rbuf, 64, rmr->lkey};
+    struct ibv_send_wr w = {0}, *bad = NULL;
+    w.wr_id = 2;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = iova + PG - 100 - 32;
+    w.wr.rdma.rkey = pl->rkey;
+    CHECK(ibv_post_send(qa, &w, &bad) == 0);
+    struct ibv_wc wc = poll1(cqa);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 2);
+    for (int i = 0; i < 32; i++)
+        CHECK(buf[6 * PG - 32 + i] == 0x5a && buf[2 * PG + i] == 0x5a);
+    CHECK(buf[6 * PG - 33] != 0x5a && buf[2 * PG + 32] != 0x5a);
+
+    errno = 0;
+    CHECK(!ibv_reg_mr_pages(NULL, pages, 3, PG, 0, PG, 0, acc) && errno == EINVAL);
+    errno = 0;
+    CHECK(!ibv_reg_mr_pages(pd, NULL, 3, PG, 0, PG, 0, acc) && errno == EINVAL);
+    errno = 0;
+    CHECK(!ibv_reg_mr_pages(pd, pages, 0, PG, 0, PG, 0, acc) && errno == EINVAL);
+    void *crooked[1] = {buf + 1};
+    errno = 0;
+    CHECK(!ibv_reg_mr_pages(pd, crooked, 1, PG, 0, 10, 0, acc) && errno == EINVAL);
+    errno = 0; /* longer than the pages */
+    CHECK(!ibv_reg_mr_pages(pd, pages, 1, PG, 0, 2 * PG, 0, acc) && errno == EINVAL);
+    uint64_t none[2] = {0, 0};
+    errno = 0;
+    CHECK(!ibv_reg_mr_bitmap(pd, buf, PG, none, 2, 0, acc) && errno == EINVAL);
+    errno = 0;
+    CHECK(!ibv_reg_mr_bitmap(pd, buf, PG, NULL, 1, 0, acc) && errno == EINVAL);
+    errno = 0;
+    CHECK(!ibv_reg_mr_bitmap(pd, buf + 8, PG, &bits, 1, 0, acc) && errno == EINVAL);
+
+    CHECK(ibv_dereg_mr(bm) == 0 && ibv_dereg_mr(pl) == 0);
+    free(want);
+    free(buf);
+}
+
 int main(void) {
     setup();
     struct ibv_mr_layout_caps caps;
@@ -574,7 +650,8 @@ int main(void) {
     interleaved_example();
     sg_example();
     post_wr();
-    errors(&caps);
+    pages_and_bitmap();
+    errors(&caps); /* last: it breaks the QP */
     CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
     CHECK(ibv_dereg_mr(rmr) == 0);
     CHECK(ibv_destroy_cq(cqa) == 0 && ibv_destroy_cq(cqb) == 0);
