@@ -148,11 +148,17 @@ impl Channel {
         let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
         for cq in cqs.iter().filter_map(Weak::upgrade) {
             let ring = cq.read_ring();
-            let mode = ring.user_words()[W_EVENT].swap(0, Ordering::AcqRel);
+            // Any ring can have fired (peers push into the old ones); all flags are taken.
+            let mode = ring
+                .all()
+                .map(|r| r.user_words()[W_EVENT].swap(0, Ordering::AcqRel))
+                .fold(0, |m, w| if w != 0 { w } else { m });
             if mode == 0 {
                 continue;
             }
-            if ring.is_empty() {
+            // With old rings the event is always delivered: re-arming across several rings
+            // could lose one, a stale event cannot.
+            if ring.old.is_empty() && ring.is_empty() {
                 let arm = &ring.user_words()[W_ARM];
                 let _ = arm.compare_exchange(ARM_NONE, mode, Ordering::SeqCst, Ordering::SeqCst);
                 // A completion that slipped in before the re-arm did not fire it: deliver now
@@ -193,11 +199,47 @@ impl Channel {
     }
 }
 
+/// A CQ's rings. Completions are pushed into `cur`, by this process and by peers that mapped it.
+/// A resize replaces `cur`; when the old ring had been handed to peers (who keep pushing into
+/// the mapping they have), it stays in `old` for good, and every poll takes from the old rings
+/// first, oldest first: each producer keeps to one ring, so the completions of one queue pair
+/// still come out in order.
+pub(crate) struct Rings {
+    cur: Arc<Ring>,
+    old: Vec<Arc<Ring>>,
+}
+
+impl Rings {
+    /// Every ring, in polling order.
+    fn all(&self) -> impl Iterator<Item = &Ring> {
+        self.old
+            .iter()
+            .chain(std::iter::once(&self.cur))
+            .map(|r| &**r)
+    }
+}
+
+impl std::ops::Deref for Rings {
+    type Target = Ring;
+    fn deref(&self) -> &Ring {
+        &self.cur
+    }
+}
+
+impl std::borrow::Borrow<Ring> for Rings {
+    fn borrow(&self) -> &Ring {
+        &self.cur
+    }
+}
+
 /// A completion queue.
 pub struct Cq {
     id: u32,
-    // An Arc so a polling cursor can hold the ring it reads in place without holding the lock.
-    ring: RwLock<Arc<Ring>>,
+    // The rings live in `Arc`s, so a polling cursor can keep the one it reads in place at a
+    // fixed address while it holds the read guard.
+    ring: RwLock<Rings>,
+    /// `ring.cur` has been handed out for peers to map (see `Cq::ring`).
+    exported: std::sync::atomic::AtomicBool,
     /// The fields the CQ was created to return, and their compact-record layout.
     wc_flags: WcExFlags,
     layout: Layout,
@@ -232,7 +274,11 @@ impl Cq {
         ring.user_words()[W_ID].store(id, Ordering::Release);
         let cq = Arc::new(Cq {
             id,
-            ring: RwLock::new(Arc::new(ring)),
+            ring: RwLock::new(Rings {
+                cur: Arc::new(ring),
+                old: Vec::new(),
+            }),
+            exported: std::sync::atomic::AtomicBool::new(false),
             wc_flags,
             layout: Layout::new(crate::compact::seed_flags(wc_flags)),
             user_context: AtomicU64::new(0),
@@ -266,7 +312,7 @@ impl Cq {
     }
 
     #[inline]
-    fn read_ring(&self) -> std::sync::RwLockReadGuard<'_, Arc<Ring>> {
+    fn read_ring(&self) -> std::sync::RwLockReadGuard<'_, Rings> {
         self.ring.read().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -306,9 +352,11 @@ impl Cq {
         self.channel.as_ref()
     }
 
-    /// The ring, for exporting to peers.
-    pub(crate) fn ring(&self) -> std::sync::RwLockReadGuard<'_, Arc<Ring>> {
-        self.read_ring()
+    /// The ring, for exporting to peers: from now on, a resize keeps it (see [`Rings`]).
+    pub(crate) fn ring(&self) -> std::sync::RwLockReadGuard<'_, Rings> {
+        let rings = self.read_ring();
+        self.exported.store(true, Ordering::Release);
+        rings
     }
 
     /// Moves up to `out.len()` completions into `out`; returns how many.
@@ -324,8 +372,24 @@ impl Cq {
     /// Hands up to `max` completions, oldest first, to `f` (each read where it lies in the
     /// ring); returns how many.
     #[inline]
-    pub fn poll_with(&self, max: usize, f: impl FnMut(&Cqe)) -> usize {
-        self.poll_ring(&self.read_ring(), max, f)
+    pub fn poll_with(&self, max: usize, mut f: impl FnMut(&Cqe)) -> usize {
+        let rings = self.read_ring();
+        if !rings.old.is_empty() {
+            return self.poll_old_first(&rings, max, &mut f);
+        }
+        self.poll_ring(&rings.cur, max, f)
+    }
+
+    /// A poll of a CQ that kept old rings (see [`Rings`]): theirs first, oldest first. Out of
+    /// line, so the usual poll carries one loop.
+    #[cold]
+    #[inline(never)]
+    fn poll_old_first(&self, rings: &Rings, max: usize, f: &mut dyn FnMut(&Cqe)) -> usize {
+        rings
+            .old
+            .iter()
+            .chain(std::iter::once(&rings.cur))
+            .fold(0, |n, ring| n + self.poll_ring(ring, max - n, &mut *f))
     }
 
     /// [`poll_with`](Self::poll_with) on the ring already in hand.
@@ -371,7 +435,17 @@ impl Cq {
     /// empty (`ibv_start_poll`'s `ENOENT`).
     #[inline(always)]
     pub fn start_poll(&self) -> Option<Cursor<'_>> {
-        let held = InPlace::start(self.read_ring())?;
+        let rings = self.read_ring();
+        let held = if rings.old.is_empty() {
+            InPlace::start(rings)?
+        } else {
+            // The first ring in polling order with a completion (if another consumer takes it
+            // first, this poll finds the CQ empty, as it would have a moment later).
+            let at: *const Ring = rings.all().find(|r| !r.is_empty())?;
+            // SAFETY: a ring of the `Rings` the guard holds, in an `Arc` it keeps (old rings
+            // are never dropped), so it stays in place while the guard lives.
+            unsafe { InPlace::start_at(rings, at) }?
+        };
         self.retire_if_send(held.get());
         Some(Cursor { cq: self, held })
     }
@@ -398,26 +472,36 @@ impl Cq {
         let wall = self
             .wc_flags
             .contains(WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK);
+        let rings = self.read_ring();
+        if !rings.old.is_empty() {
+            return self.fill_old_first(&rings, buf, max, wall);
+        }
+        let ring = &*rings.cur;
         // One loop per combination of field classes, picked here once per poll, so a CQ with
         // few fields runs no code for the others (as providers pick a poll function per CQ).
         macro_rules! by_groups {
             ($($g:literal)*) => {
                 match self.layout.groups() {
-                    $($g => self.fill_records::<$g>(buf, max, wall),)*
-                    _ => self.fill_records::<{ crate::compact::GROUPS_ALL }>(buf, max, wall),
+                    $($g => self.fill_records::<$g>(ring, buf, max, wall),)*
+                    _ => self.fill_records::<{ crate::compact::GROUPS_ALL }>(ring, buf, max, wall),
                 }
             };
         }
         by_groups!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14)
     }
 
-    /// `poll_compact`'s loop for layouts whose field classes are among `G`; `want_wall`: the
-    /// records carry the wall-clock time.
+    /// `poll_compact`'s loop over `ring` for layouts whose field classes are among `G`;
+    /// `want_wall`: the records carry the wall-clock time.
     #[inline(always)]
-    fn fill_records<const G: u8>(&self, buf: &mut [u8], max: usize, want_wall: bool) -> usize {
+    fn fill_records<const G: u8>(
+        &self,
+        ring: &Ring,
+        buf: &mut [u8],
+        max: usize,
+        want_wall: bool,
+    ) -> usize {
         let layout = &self.layout;
         let size = layout.size();
-        let ring = self.read_ring();
         // A clock reading costs more than an empty poll, which busy-polling programs make far
         // more often than full ones: none when there is nothing to convert.
         let wall = if want_wall && !ring.is_empty() {
@@ -426,9 +510,25 @@ impl Cq {
             None
         };
         let mut rest = buf;
-        self.poll_ring(&ring, max, |c| {
+        self.poll_ring(ring, max, |c| {
             if let Some((rec, tail)) = std::mem::take(&mut rest).split_at_mut_checked(size) {
                 layout.fill_groups::<G>(rec, c, wall.as_ref());
+                rest = tail;
+            }
+        })
+    }
+
+    /// `poll_compact` for a CQ that kept old rings (see [`Rings`]): the generic fill, old
+    /// rings first.
+    #[cold]
+    #[inline(never)]
+    fn fill_old_first(&self, rings: &Rings, buf: &mut [u8], max: usize, want_wall: bool) -> usize {
+        let size = self.layout.size();
+        let wall = want_wall.then(|| self.clock.wall());
+        let mut rest = buf;
+        self.poll_old_first(rings, max, &mut |c| {
+            if let Some((rec, tail)) = std::mem::take(&mut rest).split_at_mut_checked(size) {
+                self.layout.fill(rec, c, wall.as_ref());
                 rest = tail;
             }
         })
@@ -445,12 +545,14 @@ impl Cq {
         } else {
             ARM_NEXT
         };
-        let ring = self.read_ring();
-        let arm = &ring.user_words()[W_ARM];
-        // Arming for "next" overrides a "solicited" arm, never the reverse.
-        let _ = arm.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
-            (cur != ARM_NEXT).then_some(want)
-        });
+        // Every ring: peers push into old rings too.
+        for ring in self.read_ring().all() {
+            let arm = &ring.user_words()[W_ARM];
+            // Arming for "next" overrides a "solicited" arm, never the reverse.
+            let _ = arm.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                (cur != ARM_NEXT).then_some(want)
+            });
+        }
         Ok(())
     }
 
@@ -468,12 +570,14 @@ impl Cq {
 
     /// True once a completion has been lost to overrun.
     pub fn overrun(&self) -> bool {
-        self.read_ring().user_words()[W_OVERRUN].load(Ordering::Acquire) != 0
+        self.read_ring()
+            .all()
+            .any(|r| r.user_words()[W_OVERRUN].load(Ordering::Acquire) != 0)
     }
 
     /// Completions waiting to be polled.
     pub fn len(&self) -> u32 {
-        self.read_ring().len()
+        self.read_ring().all().map(Ring::len).sum()
     }
 
     /// True when nothing waits to be polled.
@@ -482,25 +586,35 @@ impl Cq {
     }
 
     /// Changes the capacity to at least `cqe`, keeping queued completions.
+    ///
+    /// Peers that mapped the CQ's ring keep pushing into it, so a ring they have is kept (see
+    /// [`Rings`]): their completions are polled from it, with its old capacity.
     pub fn resize(&self, cqe: u32) -> Result<u32> {
-        let mut ring = self.ring.write().unwrap_or_else(|e| e.into_inner());
-        if cqe < ring.len() {
+        let mut rings = self.ring.write().unwrap_or_else(|e| e.into_inner());
+        let queued: u32 = rings.all().map(Ring::len).sum();
+        if cqe < queued {
             return Err(inval(format!(
-                "resize to {cqe} entries but {} completions are queued",
-                ring.len()
+                "resize to {cqe} entries but {queued} completions are queued"
             )));
         }
         let new = Ring::new("softverbs-cq", cqe, std::mem::size_of::<Cqe>())?;
-        for (w_new, w_old) in new.user_words().iter().zip(ring.user_words()) {
+        for (w_new, w_old) in new.user_words().iter().zip(rings.cur.user_words()) {
             w_new.store(w_old.load(Ordering::Acquire), Ordering::Release);
         }
-        while let Some(c) = ring.pop::<Cqe>() {
-            if new.push(&c).is_err() {
-                return Err(Error::NoResources("resized CQ is too small".into()));
+        // The write lock keeps `ring()` (a QP being created) from exporting meanwhile.
+        if self.exported.swap(false, Ordering::AcqRel) {
+            // Its completions stay where they are, to come out before the new ring's.
+            let old = std::mem::replace(&mut rings.cur, Arc::new(new));
+            rings.old.push(old);
+        } else {
+            while let Some(c) = rings.cur.pop::<Cqe>() {
+                if new.push(&c).is_err() {
+                    return Err(Error::NoResources("resized CQ is too small".into()));
+                }
             }
+            rings.cur = Arc::new(new);
         }
-        *ring = Arc::new(new);
-        Ok(ring.capacity())
+        Ok(rings.cur.capacity())
     }
 }
 
@@ -510,7 +624,7 @@ pub struct Cursor<'a> {
     cq: &'a Cq,
     // Holding the read guard keeps the ring from being swapped by a resize, at the cost of
     // the lock only (no reference count), as `poll` pays.
-    held: InPlace<Cqe, std::sync::RwLockReadGuard<'a, Arc<Ring>>>,
+    held: InPlace<Cqe, std::sync::RwLockReadGuard<'a, Rings>>,
 }
 
 impl Cursor<'_> {
@@ -523,11 +637,30 @@ impl Cursor<'_> {
     /// Moves to the next completion; false (`ENOENT`) when there is none.
     #[inline]
     pub fn advance(&mut self) -> bool {
-        if !self.held.advance() {
+        if !self.held.advance() && !self.hop() {
             return false;
         }
         self.cq.retire_if_send(self.held.get());
         true
+    }
+
+    /// The held ring is empty: moves to the next ring in polling order that has a completion
+    /// (only after a resize kept old rings).
+    #[cold]
+    fn hop(&mut self) -> bool {
+        let rings: &Rings = self.held.keeper();
+        if rings.old.is_empty() {
+            return false;
+        }
+        let at = self.held.at();
+        let later: Vec<*const Ring> = rings
+            .all()
+            .map(|r| r as *const Ring)
+            .skip_while(|&r| r != at)
+            .skip(1)
+            .collect();
+        // SAFETY: rings of the `Rings` the held guard keeps; they live in `Arc`s it holds.
+        later.into_iter().any(|r| unsafe { self.held.hop(r) })
     }
 
     /// The CQ polled.
@@ -629,5 +762,79 @@ mod tests {
         let mut out = [Cqe::default(); 8];
         assert_eq!(c.poll(&mut out), 3);
         assert_eq!(out[2].wr_id, 2);
+    }
+
+    /// A resize after the ring was handed to peers keeps it: what a peer pushes into it later
+    /// is polled (before the new ring's completions, and through the cursor too), arming
+    /// reaches it, and `len` counts it.
+    #[test]
+    fn resize_keeps_a_ring_peers_have_mapped() {
+        let ch = Channel::new().unwrap();
+        let (c, _) = cq(4, Some(ch.clone()));
+        let cqe = |i: u64| Cqe {
+            wr_id: i,
+            opcode: 0x80,
+            ..Default::default()
+        };
+        let peer_ring = c.ring().cur.clone(); // as a QP's creation exports it
+        for i in 0..3 {
+            assert!(c.push(cqe(i)));
+        }
+        assert!(c.resize(2).is_err(), "3 queued");
+        assert!(c.resize(64).unwrap() >= 64);
+        // The peer still pushes into the ring it mapped; this process into the new one.
+        assert!(matches!(
+            push_ring(&peer_ring, &cqe(3)),
+            Pushed::Queued { .. }
+        ));
+        assert!(c.push(cqe(100)));
+        assert_eq!(c.len(), 5);
+        let mut out = [Cqe::default(); 2];
+        assert_eq!(c.poll(&mut out), 2);
+        assert_eq!(out.map(|c| c.wr_id), [0, 1]);
+        // The cursor goes on from the old ring into the new one.
+        let mut got = Vec::new();
+        let mut cur = c.start_poll().unwrap();
+        loop {
+            got.push(cur.cqe().wr_id);
+            if !cur.advance() {
+                break;
+            }
+        }
+        drop(cur);
+        assert_eq!(got, [2, 3, 100]);
+        assert!(c.is_empty());
+        // Arming reaches the old ring: a peer's completion there raises the event.
+        c.req_notify(false).unwrap();
+        assert!(matches!(
+            push_ring(&peer_ring, &cqe(4)),
+            Pushed::Queued { notify: true }
+        ));
+        let got = ch.get_event(false).unwrap();
+        assert!(Arc::ptr_eq(&got, &c));
+        assert_eq!(c.poll(&mut out), 1);
+        assert_eq!(out[0].wr_id, 4);
+        // A second resize keeps both old rings only if the new one was exported: it was not.
+        assert!(c.resize(128).unwrap() >= 128);
+        assert_eq!(c.read_ring().old.len(), 1);
+        assert!(matches!(
+            push_ring(&peer_ring, &cqe(5)),
+            Pushed::Queued { .. }
+        ));
+        assert_eq!(c.poll(&mut out), 1);
+        assert_eq!(out[0].wr_id, 5);
+        // Compact records too: the old ring's first.
+        assert!(c.push(cqe(101)));
+        assert!(matches!(
+            push_ring(&peer_ring, &cqe(6)),
+            Pushed::Queued { .. }
+        ));
+        let size = c.layout().size();
+        let mut buf = vec![0u8; 4 * size];
+        assert_eq!(c.poll_compact(&mut buf, 4), 2);
+        let ids: Vec<u64> = crate::compact::records(&buf, size, 2)
+            .map(|r| crate::compact::header(r).wr_id)
+            .collect();
+        assert_eq!(ids, [6, 101]);
     }
 }

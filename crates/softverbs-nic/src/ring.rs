@@ -304,9 +304,10 @@ pub struct InPlace<T: SlotPayload, G: std::ops::Deref>
 where
     G::Target: std::borrow::Borrow<Ring>,
 {
-    /// Keeps the ring alive and in place (held, never read: `at` is used instead).
+    /// Keeps the ring alive and in place (`at` is used to reach it).
     _ring: G,
-    /// The ring `_ring` reaches, kept so each step does not walk the guard to it again.
+    /// The ring the held entry is in: the one `_ring` reaches, or one it keeps alive (see
+    /// `start_at`), kept so each step does not walk the guard to it again.
     at: *const Ring,
     pos: u64,
     ptr: *const T,
@@ -318,8 +319,8 @@ where
 {
     #[inline(always)]
     fn ring(&self) -> &Ring {
-        // SAFETY: `at` is where `_ring` led in `start`, and the ring stays there while `_ring`
-        // lives (the precondition of `start`).
+        // SAFETY: the ring at `at` stays there while `_ring` lives (the precondition of
+        // `start`, `start_at` and `hop`).
         unsafe { &*self.at }
     }
 
@@ -330,19 +331,62 @@ where
     /// allocation), which is why this is for the crate only.
     #[inline(always)]
     pub(crate) fn start(ring: G) -> Option<Self> {
-        let r: &Ring = std::borrow::Borrow::borrow(&*ring);
+        let at: *const Ring = std::borrow::Borrow::borrow(&*ring);
+        // SAFETY: `at` is the ring `ring` reaches, which stays in place while it lives (the
+        // precondition above).
+        unsafe { Self::start_at(ring, at) }
+    }
+
+    /// [`start`](Self::start) on the ring at `at`, which `keep` keeps alive.
+    ///
+    /// # Safety
+    /// The ring at `at` stays valid and in place for as long as `keep` lives.
+    #[inline(always)]
+    pub(crate) unsafe fn start_at(keep: G, at: *const Ring) -> Option<Self> {
+        // SAFETY: the caller's.
+        let r = unsafe { &*at };
         assert!(std::mem::size_of::<T>() <= r.payload_bytes());
         // Payloads start 8 bytes into 8-byte-multiple slots of a page-aligned segment.
         assert!(std::mem::align_of::<T>() <= 8);
         let pos = r.claim_pop()?;
         let ptr = r.payload_ptr(pos).cast::<T>();
-        let at: *const Ring = r;
         Some(InPlace {
-            _ring: ring,
+            _ring: keep,
             at,
             pos,
             ptr,
         })
+    }
+
+    /// What keeps the ring alive (the lock guard or `Arc` `start` was given).
+    pub(crate) fn keeper(&self) -> &G {
+        &self._ring
+    }
+
+    /// The ring the held entry is in.
+    pub(crate) fn at(&self) -> *const Ring {
+        self.at
+    }
+
+    /// Takes the oldest entry of the ring at `to` instead of the next of this ring, releasing
+    /// the held one; false (holding the old entry still) when that ring is empty.
+    ///
+    /// # Safety
+    /// The ring at `to` stays valid and in place for as long as the keeper lives.
+    pub(crate) unsafe fn hop(&mut self, to: *const Ring) -> bool {
+        // SAFETY: the caller's.
+        let r = unsafe { &*to };
+        if std::mem::size_of::<T>() > r.payload_bytes() {
+            return false;
+        }
+        let Some(next) = r.claim_pop() else {
+            return false;
+        };
+        self.ring().release(self.pos);
+        self.at = to;
+        self.pos = next;
+        self.ptr = r.payload_ptr(next).cast::<T>();
+        true
     }
 
     /// The entry held.

@@ -13,6 +13,7 @@ mod access;
 mod atomics;
 mod channel;
 mod cleanup;
+mod cq;
 mod failure;
 mod noncontig;
 mod one_sided;
