@@ -6,6 +6,7 @@ use crate::event::{AsyncEvent, AsyncQueue, Doorbell, EventElement};
 use crate::ring::{InPlace, Ring, SlotPayload};
 use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
 use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
@@ -72,6 +73,9 @@ const W_OVERRUN: usize = 1;
 const W_EVENT: usize = 2;
 /// The CQ's device-wide id, for the events a peer raises about it.
 pub(crate) const W_ID: usize = 3;
+/// Set when a resize replaced this ring: peers then look up the CQ's current ring in the QP
+/// context and complete there (see [`Rings`]).
+pub(crate) const W_MOVED: usize = 4;
 
 /// What pushing a completion into a CQ ring asks of the pusher.
 pub(crate) enum Pushed {
@@ -217,6 +221,17 @@ impl Rings {
             .chain(std::iter::once(&self.cur))
             .map(|r| &**r)
     }
+
+    /// How many completions each ring may give now (in polling order, each at most `max`),
+    /// looked at newest ring first: a peer that moved to a newer ring pushed its earlier
+    /// completions into an older one before, so once its newer ones are seen (acquire), the
+    /// older ones are too, and taking rings oldest first within these limits keeps its order.
+    fn snapshot(&self, max: usize) -> Vec<usize> {
+        let rings: Vec<&Ring> = self.all().collect();
+        let mut shown: Vec<usize> = rings.iter().rev().map(|r| r.ready(max)).collect();
+        shown.reverse();
+        shown
+    }
 }
 
 impl std::ops::Deref for Rings {
@@ -238,8 +253,11 @@ pub struct Cq {
     // The rings live in `Arc`s, so a polling cursor can keep the one it reads in place at a
     // fixed address while it holds the read guard.
     ring: RwLock<Rings>,
-    /// `ring.cur` has been handed out for peers to map (see `Cq::ring`).
+    /// `ring.cur` has been handed out for peers to map (see `Cq::export_into`).
     exported: std::sync::atomic::AtomicBool,
+    /// The contexts of the QPs that complete receives here: a resize points them at the new
+    /// ring.
+    qp_ctxs: Mutex<Vec<Weak<crate::shm::Segment>>>,
     /// The fields the CQ was created to return, and their compact-record layout.
     wc_flags: WcExFlags,
     layout: Layout,
@@ -279,6 +297,7 @@ impl Cq {
                 old: Vec::new(),
             }),
             exported: std::sync::atomic::AtomicBool::new(false),
+            qp_ctxs: Mutex::new(Vec::new()),
             wc_flags,
             layout: Layout::new(crate::compact::seed_flags(wc_flags)),
             user_context: AtomicU64::new(0),
@@ -352,7 +371,21 @@ impl Cq {
         self.channel.as_ref()
     }
 
-    /// The ring, for exporting to peers: from now on, a resize keeps it (see [`Rings`]).
+    /// Names the current ring in QP context `ctx` (a `QpCtx`), where peers find it, and
+    /// keeps `ctx` to name the new ring after a resize.
+    pub(crate) fn export_into(&self, ctx: &Arc<crate::shm::Segment>) {
+        let rings = self.read_ring();
+        let seg = rings.cur.segment();
+        let c: &crate::peer::QpCtx = ctx.at(0);
+        c.cq.set(seg.fd().as_raw_fd(), seg.inode());
+        self.exported.store(true, Ordering::Release);
+        let mut ctxs = self.qp_ctxs.lock().unwrap_or_else(|e| e.into_inner());
+        ctxs.retain(|w| w.strong_count() > 0);
+        ctxs.push(Arc::downgrade(ctx));
+    }
+
+    /// The ring, for tests that play a peer.
+    #[cfg(test)]
     pub(crate) fn ring(&self) -> std::sync::RwLockReadGuard<'_, Rings> {
         let rings = self.read_ring();
         self.exported.store(true, Ordering::Release);
@@ -386,10 +419,21 @@ impl Cq {
     #[inline(never)]
     fn poll_old_first(&self, rings: &Rings, max: usize, f: &mut dyn FnMut(&Cqe)) -> usize {
         rings
-            .old
-            .iter()
-            .chain(std::iter::once(&rings.cur))
-            .fold(0, |n, ring| n + self.poll_ring(ring, max - n, &mut *f))
+            .all()
+            .zip(rings.snapshot(max))
+            .fold(0, |n, (ring, shown)| {
+                n + self.poll_ring(ring, shown.min(max - n), &mut *f)
+            })
+    }
+
+    /// The ring a cursor takes its next completion from when old rings exist: the oldest
+    /// with one, by [`Rings::snapshot`].
+    fn pick(rings: &Rings) -> Option<*const Ring> {
+        rings
+            .all()
+            .zip(rings.snapshot(1))
+            .find(|(_, shown)| *shown > 0)
+            .map(|(ring, _)| ring as *const Ring)
     }
 
     /// [`poll_with`](Self::poll_with) on the ring already in hand.
@@ -439,9 +483,9 @@ impl Cq {
         let held = if rings.old.is_empty() {
             InPlace::start(rings)?
         } else {
-            // The first ring in polling order with a completion (if another consumer takes it
-            // first, this poll finds the CQ empty, as it would have a moment later).
-            let at: *const Ring = rings.all().find(|r| !r.is_empty())?;
+            // If another consumer takes the picked completion first, this poll finds the CQ
+            // empty, as it would have a moment later.
+            let at = Self::pick(&rings)?;
             // SAFETY: a ring of the `Rings` the guard holds, in an `Arc` it keeps (old rings
             // are never dropped), so it stays in place while the guard lives.
             unsafe { InPlace::start_at(rings, at) }?
@@ -601,10 +645,21 @@ impl Cq {
         for (w_new, w_old) in new.user_words().iter().zip(rings.cur.user_words()) {
             w_new.store(w_old.load(Ordering::Acquire), Ordering::Release);
         }
-        // The write lock keeps `ring()` (a QP being created) from exporting meanwhile.
+        // The write lock keeps `export_into` (a QP being created) from exporting meanwhile.
         if self.exported.swap(false, Ordering::AcqRel) {
-            // Its completions stay where they are, to come out before the new ring's.
-            let old = std::mem::replace(&mut rings.cur, Arc::new(new));
+            // Peers mapped the old ring. Its completions stay where they are, to come out
+            // before the new ring's; QP contexts now name the new ring, and the old one says
+            // it moved (in that order: a peer that sees the flag finds the new name).
+            let new = Arc::new(new);
+            let seg = new.segment();
+            let ctxs = self.qp_ctxs.lock().unwrap_or_else(|e| e.into_inner());
+            for ctx in ctxs.iter().filter_map(Weak::upgrade) {
+                let c: &crate::peer::QpCtx = ctx.at(0);
+                c.cq.set(seg.fd().as_raw_fd(), seg.inode());
+                self.exported.store(true, Ordering::Release);
+            }
+            let old = std::mem::replace(&mut rings.cur, new);
+            old.user_words()[W_MOVED].store(1, Ordering::Release);
             rings.old.push(old);
         } else {
             while let Some(c) = rings.cur.pop::<Cqe>() {
@@ -644,23 +699,19 @@ impl Cursor<'_> {
         true
     }
 
-    /// The held ring is empty: moves to the next ring in polling order that has a completion
-    /// (only after a resize kept old rings).
+    /// The held ring is empty: moves to the ring [`Cq::pick`] names, if another has a
+    /// completion (only after a resize kept old rings).
     #[cold]
     fn hop(&mut self) -> bool {
         let rings: &Rings = self.held.keeper();
         if rings.old.is_empty() {
             return false;
         }
-        let at = self.held.at();
-        let later: Vec<*const Ring> = rings
-            .all()
-            .map(|r| r as *const Ring)
-            .skip_while(|&r| r != at)
-            .skip(1)
-            .collect();
-        // SAFETY: rings of the `Rings` the held guard keeps; they live in `Arc`s it holds.
-        later.into_iter().any(|r| unsafe { self.held.hop(r) })
+        match Cq::pick(rings) {
+            // SAFETY: a ring of the `Rings` the held guard keeps, in an `Arc` it holds.
+            Some(at) if at != self.held.at() => unsafe { self.held.hop(at) },
+            _ => false,
+        }
     }
 
     /// The CQ polled.

@@ -9,7 +9,7 @@
 //! requester opens the segments through `/proc/<pid>/fd/<n>` and from then on acts on the
 //! target's device memory directly: the target runs no code for it.
 
-use crate::cq::{Cqe, Pushed, W_ID, push_ring};
+use crate::cq::{Cqe, Pushed, W_ID, W_MOVED, push_ring};
 use crate::error::{Error, Result};
 use crate::event::{AsyncEvent, EventElement, post_event, ring_fd};
 use crate::keys::{KeyTable, Pin};
@@ -180,6 +180,26 @@ fn open_export(pid: u32, e: &Export, write_only: bool) -> Result<Option<OwnedFd>
         .transpose()
 }
 
+/// The owner's CQ ring a remote QP completes into, and the ring it moved to when the owner
+/// resized the CQ (found through the QP context, mapped once).
+struct CqLink {
+    ring: Ring,
+    next: std::sync::OnceLock<Box<CqLink>>,
+}
+
+impl CqLink {
+    fn new(ring: Ring) -> CqLink {
+        CqLink {
+            ring,
+            next: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+/// Rings a completion follows through resizes before it settles for the one it reached (the
+/// owner polls every ring it ever had, so stopping early loses nothing).
+const MAX_CQ_MOVES: usize = 8;
+
 /// A QP of another process, mapped into this one.
 pub(crate) struct RemoteQp {
     pid: u32,
@@ -188,7 +208,7 @@ pub(crate) struct RemoteQp {
     qp_type: QpType,
     rq: RecvQueue,
     srq_id: Option<u32>,
-    cq: Ring,
+    cq: CqLink,
     chan: Option<OwnedFd>,
     keys: KeyTable,
     events: Ring,
@@ -257,7 +277,7 @@ impl RemoteQp {
             qp_type,
             rq,
             srq_id: srq.checked_sub(1),
-            cq,
+            cq: CqLink::new(cq),
             chan,
             keys,
             events,
@@ -340,10 +360,42 @@ impl RemoteQp {
         post_event(&self.events, self.events_bell.as_fd(), ev);
     }
 
+    /// The owner's current CQ ring: the one mapped first, or where resizes moved it.
+    fn cq(&self) -> &Ring {
+        let mut link = &self.cq;
+        for _ in 0..MAX_CQ_MOVES {
+            if link.ring.user_words()[W_MOVED].load(Ordering::Acquire) == 0 {
+                break;
+            }
+            if link.next.get().is_none() {
+                // The owner named the new ring in the QP context before flagging the old one.
+                let opened = open_export(self.pid, &self.ctx().cq, false)
+                    .and_then(|fd| fd.ok_or_else(|| Error::InvalidArgument("no CQ".into())))
+                    .and_then(|fd| Ring::open(Segment::open(fd)?));
+                match opened {
+                    Ok(ring) => {
+                        let _ = link.next.set(Box::new(CqLink::new(ring)));
+                    }
+                    // Completions go on into the old ring, which the owner still polls.
+                    Err(e) => {
+                        report_once(&e);
+                        break;
+                    }
+                }
+            }
+            match link.next.get() {
+                Some(next) => link = next,
+                None => break,
+            }
+        }
+        &link.ring
+    }
+
     /// Pushes a receive completion into the owner's CQ, signalling as the owner would.
     pub(crate) fn push_recv(&self, mut cqe: Cqe) {
         cqe.timestamp = self.clock.now_raw();
-        match push_ring(&self.cq, &cqe) {
+        let cq = self.cq();
+        match push_ring(cq, &cqe) {
             Pushed::Queued { notify } => {
                 if notify && let Some(ch) = &self.chan {
                     ring_fd(ch.as_fd());
@@ -351,7 +403,7 @@ impl RemoteQp {
             }
             Pushed::Lost { first } => {
                 if first {
-                    let id = self.cq.user_words()[W_ID].load(Ordering::Acquire);
+                    let id = cq.user_words()[W_ID].load(Ordering::Acquire);
                     self.post(AsyncEvent {
                         kind: AsyncEventType::CqErr,
                         element: EventElement::Cq(id),

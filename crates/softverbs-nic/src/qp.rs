@@ -164,7 +164,7 @@ pub struct Qp {
     sq_sig_all: bool,
     // Responder-visible copies of attributes, readable by initiators without the send lock.
     /// State, rights and exports that requesters in any process read: see [`QpCtx`].
-    ctx: Segment,
+    ctx: Arc<Segment>,
     _listing: Option<Listing>,
     send: Mutex<SendState>,
     me: Weak<Qp>,
@@ -300,7 +300,10 @@ impl Qp {
             max_recv_sge: rq.as_ref().map_or(0, RecvQueue::max_sge),
             max_inline_data: c.max_inline_data,
         };
-        let ctx = Segment::create("softverbs-qp", std::mem::size_of::<QpCtx>())?;
+        let ctx = Arc::new(Segment::create(
+            "softverbs-qp",
+            std::mem::size_of::<QpCtx>(),
+        )?);
         let (qpn, listing) = publish_qpn(&dev, &ctx)?;
         let c: &QpCtx = ctx.at(0);
         let recv_pd = init.srq.as_ref().map_or(pd.id, |s| s.pd);
@@ -314,7 +317,7 @@ impl Qp {
             (None, Some(rq)) => export(&c.rq, rq.ring().segment()),
             (None, None) => {}
         }
-        export(&c.cq, init.recv_cq.ring().segment());
+        init.recv_cq.export_into(&ctx);
         if let Some(ch) = init.recv_cq.channel() {
             c.chan.set(ch.bell().write_fd_num(), ch.bell().write_ino());
         }

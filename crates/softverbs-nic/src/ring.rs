@@ -145,6 +145,15 @@ impl Ring {
         tail.saturating_sub(head) as u32
     }
 
+    /// Entries ready to be taken from the head, up to `max` (a snapshot). Each is looked at
+    /// with acquire ordering, so whatever their producers wrote before them is visible after.
+    pub fn ready(&self, max: usize) -> usize {
+        let head = self.head().load(Ordering::Acquire);
+        (0..max as u64)
+            .take_while(|&i| self.seq(head + i).load(Ordering::Acquire) == head + i + 1)
+            .count()
+    }
+
     /// True when nothing is queued (a snapshot).
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -1,7 +1,6 @@
-//! A CQ that another process completes into, resized after that process mapped it.
-//!
-//! That process keeps completing into the ring it mapped, which the resize keeps (with its
-//! old capacity: 16 here, so fewer than 16 completions are outstanding at a time).
+//! A CQ that another process completes into, resized after that process mapped it: that
+//! process moves to the new, larger ring (more completions outstanding than the old one
+//! held), and nothing is lost or reordered.
 
 use crate::common::*;
 use crate::harness::{Peer, msg, peer};
@@ -9,7 +8,7 @@ use softverbs::*;
 
 /// Messages before and after the target resizes its CQ.
 const BEFORE: u64 = 4;
-const AFTER: u64 = 12;
+const AFTER: u64 = 40;
 
 peer!(peer_resize_target, |p| {
     let n = node();
@@ -69,6 +68,82 @@ fn resizing_a_cq_another_process_completes_into_loses_nothing_and_keeps_order() 
     (0..BEFORE).for_each(send);
     t.expect("resized");
     (BEFORE..BEFORE + AFTER).for_each(send);
+    t.expect("done");
+    t.finish();
+}
+
+/// Receives in the stream, and after how many of them the target resizes (while the other
+/// process is in the middle of a block).
+const STREAM: u64 = 320;
+const RESIZE_AT: [usize; 2] = [45, 170];
+/// The initiator sends a block, then waits for the target to have taken it: at most one block
+/// is outstanding in the target's CQ (whose first ring holds 32).
+const BLOCK: usize = 32;
+
+peer!(peer_stream_target, |p| {
+    let n = node();
+    let cq = n.ctx.create_cq(BLOCK as u32, None).unwrap();
+    let attr = QpInitAttr {
+        cap: QpCap {
+            max_recv_wr: 512,
+            ..QpInitAttr::rc(&cq, &cq).cap
+        },
+        ..QpInitAttr::rc(&cq, &cq)
+    };
+    let qp = n.pd.create_qp(&attr).unwrap();
+    let buf = n.mr(64);
+    p.send(msg!("target", qp.endpoint(0).unwrap()));
+    let them: Endpoint = p.expect("initiator").get(0);
+    qp.to_init(ALL_REMOTE).unwrap();
+    let sge = [buf.sge(0..64)];
+    qp.post_recv((0..STREAM).map(|i| RecvWr::new(i, &sge)))
+        .unwrap();
+    qp.to_rtr(&them).unwrap();
+    qp.to_rts(0).unwrap();
+    p.send("ready");
+    // Poll while the other process streams SENDs, resizing twice on the way.
+    let mut got = Vec::new();
+    let mut sizes = vec![64, 256].into_iter();
+    while got.len() < STREAM as usize {
+        let before = got.len();
+        got.extend(poll_n(&cq, 1, "target: the stream"));
+        if RESIZE_AT.iter().any(|&at| before < at && got.len() >= at) {
+            let size = sizes.next().unwrap();
+            assert!(cq.resize(size).unwrap() >= size);
+        }
+        if got.len() % BLOCK == 0 {
+            p.send("taken");
+        }
+    }
+    let ids: Vec<u64> = got.iter().map(|wc| wc.wr_id()).collect();
+    assert_eq!(
+        ids,
+        (0..STREAM).collect::<Vec<_>>(),
+        "every receive, in order"
+    );
+    p.send("done");
+});
+
+#[test]
+fn resizing_a_cq_while_another_process_streams_into_it_keeps_every_completion_in_order() {
+    let mut t = Peer::spawn("cq::peer_stream_target");
+    let tep: Endpoint = t.expect("target").get(0);
+    let n = node();
+    let qp = n.rc_to(&mut t, &tep, "ready");
+    for block in (0..STREAM).collect::<Vec<_>>().chunks(BLOCK) {
+        for chunk in block.chunks(8) {
+            qp.post_send(
+                chunk
+                    .iter()
+                    .map(|&i| signaled(SendWr::inline(i, SendOp::Send, &[1; 8]))),
+            )
+            .unwrap();
+            for wc in poll_n(&n.cq, chunk.len(), "initiator: SEND completions") {
+                assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
+            }
+        }
+        t.expect("taken");
+    }
     t.expect("done");
     t.finish();
 }
