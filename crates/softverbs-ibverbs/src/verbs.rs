@@ -1282,6 +1282,24 @@ pub unsafe extern "C" fn sv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     0
 }
 
+/// `ibv_resize_cq`: at least `cqe` entries, the new size in `cq->cqe`. Completions already
+/// queued are kept; peers in other processes move to the new ring (see the NIC's `Cq::resize`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    let Ok(cqe) = u32::try_from(cqe) else {
+        return EINVAL;
+    };
+    with_live_cq(cq, |nic| match nic.resize(cqe) {
+        Ok(n) => {
+            // SAFETY: a live CQ of ours (with_live_cq checked); no other field is touched.
+            unsafe { (*cq).cqe = c_int::try_from(n).unwrap_or(c_int::MAX) };
+            0
+        }
+        Err(e) => e.errno(),
+    })
+    .unwrap_or(EINVAL)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sv_ibv_get_cq_event(
     ch: *mut ibv_comp_channel,

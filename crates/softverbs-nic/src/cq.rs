@@ -258,6 +258,8 @@ pub struct Cq {
     /// The contexts of the QPs that complete receives here: a resize points them at the new
     /// ring.
     qp_ctxs: Mutex<Vec<Weak<crate::shm::Segment>>>,
+    /// The device's `max_cqe`: the most a resize may ask for.
+    max_cqe: u32,
     /// The fields the CQ was created to return, and their compact-record layout.
     wc_flags: WcExFlags,
     layout: Layout,
@@ -280,7 +282,7 @@ impl Cq {
     #[allow(clippy::too_many_arguments)] // one call site, each argument a different part
     pub(crate) fn new(
         id: u32,
-        cqe: u32,
+        (cqe, max_cqe): (u32, u32),
         channel: Option<Arc<Channel>>,
         async_events: Arc<AsyncQueue>,
         retire: Arc<dyn Fn(u32, u32) + Send + Sync>,
@@ -298,6 +300,7 @@ impl Cq {
             }),
             exported: std::sync::atomic::AtomicBool::new(false),
             qp_ctxs: Mutex::new(Vec::new()),
+            max_cqe,
             wc_flags,
             layout: Layout::new(crate::compact::seed_flags(wc_flags)),
             user_context: AtomicU64::new(0),
@@ -634,6 +637,9 @@ impl Cq {
     /// Peers that mapped the CQ's ring keep pushing into it, so a ring they have is kept (see
     /// [`Rings`]): their completions are polled from it, with its old capacity.
     pub fn resize(&self, cqe: u32) -> Result<u32> {
+        if cqe == 0 || cqe > self.max_cqe {
+            return Err(inval(format!("resize to {cqe} (1..={})", self.max_cqe)));
+        }
         let mut rings = self.ring.write().unwrap_or_else(|e| e.into_inner());
         let queued: u32 = rings.all().map(Ring::len).sum();
         if cqe < queued {
@@ -728,7 +734,7 @@ mod tests {
         let ev = Arc::new(AsyncQueue::new().unwrap());
         let c = Cq::new(
             1,
-            cqe,
+            (cqe, 1 << 20),
             ch,
             ev.clone(),
             Arc::new(|_, _| {}),

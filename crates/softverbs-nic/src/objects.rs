@@ -68,7 +68,7 @@ impl Context {
         let retire = Arc::new(move |qpn: u32, seq: u32| dev.retire_sq(qpn, seq));
         let cq = Cq::new(
             self.dev.next_id(),
-            cqe,
+            (cqe, max),
             channel,
             self.events.clone(),
             retire,

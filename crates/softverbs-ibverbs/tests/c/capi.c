@@ -298,7 +298,13 @@ int main(void) {
     CHECK(ma && mb);
 
     cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
-    CHECK(cq);
+    CHECK(cq && cq->cqe >= 64);
+    /* ibv_resize_cq: the new size in cq->cqe (the traffic below uses the resized CQ); bad
+     * sizes and pointers are EINVAL and change nothing. */
+    CHECK(ibv_resize_cq(cq, 200) == 0 && cq->cqe >= 200);
+    CHECK(ibv_resize_cq(cq, 0) == EINVAL && ibv_resize_cq(cq, -1) == EINVAL);
+    CHECK(ibv_resize_cq(cq, da.max_cqe + 1) == EINVAL && cq->cqe >= 200);
+    CHECK(ibv_resize_cq(NULL, 10) == EINVAL);
     struct ibv_qp *qa, *qb;
     create_rc_pair(pd, cq, &qa, &qb);
 

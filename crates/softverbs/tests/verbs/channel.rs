@@ -139,6 +139,13 @@ fn cq_resize_keeps_pending_completions() {
         p.cq_b.resize(2).is_err(),
         "cannot shrink below the queued completions"
     );
+    let max = p.ctx.query_device().max_cqe;
+    for bad in [0, max + 1, u32::MAX] {
+        assert!(
+            matches!(p.cq_b.resize(bad), Err(Error::InvalidArgument(_))),
+            "resize to {bad} (max_cqe {max})"
+        );
+    }
     assert!(p.cq_b.resize(1000).unwrap() >= 1000);
     let wc = poll_n(&p.cq_b, 3);
     assert_eq!(
