@@ -196,6 +196,16 @@ impl CqLink {
     }
 }
 
+/// A peer's CQ ring from its descriptor, refused unless a completion fits a slot (the ring is
+/// the peer's word, and pushing into too small slots would be a bug here, not an error there).
+fn open_cq_ring(fd: OwnedFd) -> Result<Ring> {
+    let ring = Ring::open(Segment::open(fd)?)?;
+    if ring.payload_bytes() < std::mem::size_of::<Cqe>() {
+        return Err(Error::InvalidArgument("peer CQ ring: slots too small".into()));
+    }
+    Ok(ring)
+}
+
 /// Rings a completion follows through resizes before it settles for the one it reached (the
 /// owner polls every ring it ever had, so stopping early loses nothing).
 const MAX_CQ_MOVES: usize = 8;
@@ -264,7 +274,7 @@ impl RemoteQp {
             QpType::from_raw(c.qp_type.load(Ordering::Acquire)).ok_or_else(|| bad("type"))?;
         let need = |e: &Export| open_export(pid, e, false)?.ok_or_else(|| bad("missing segment"));
         let rq = RecvQueue::from_ring(Ring::open(Segment::open(need(&c.rq)?)?)?);
-        let cq = Ring::open(Segment::open(need(&c.cq)?)?)?;
+        let cq = open_cq_ring(need(&c.cq)?)?;
         let keys = KeyTable::open(Segment::open(need(&c.keys)?)?)?;
         let events = Ring::open(Segment::open(need(&c.events)?)?)?;
         let events_bell =
@@ -371,7 +381,7 @@ impl RemoteQp {
                 // The owner named the new ring in the QP context before flagging the old one.
                 let opened = open_export(self.pid, &self.ctx().cq, false)
                     .and_then(|fd| fd.ok_or_else(|| Error::InvalidArgument("no CQ".into())))
-                    .and_then(|fd| Ring::open(Segment::open(fd)?));
+                    .and_then(open_cq_ring);
                 match opened {
                     Ok(ring) => {
                         let _ = link.next.set(Box::new(CqLink::new(ring)));
