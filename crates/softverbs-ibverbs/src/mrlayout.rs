@@ -277,17 +277,10 @@ pub unsafe extern "C" fn sv_ibv_reg_mr_pages(
     access: c_uint,
 ) -> *mut ibv_mr {
     // SAFETY: the caller's.
-    let Some(nic) = (unsafe { nic_pd(pd) }) else {
+    let Some((nic, pages)) = (unsafe { pd_and_array(pd, pages, num_pages) }) else {
         return inval();
     };
-    if pages.is_null() || num_pages == 0 || num_pages > isize::MAX as usize / 8 {
-        return inval();
-    }
-    // SAFETY: the caller provides `num_pages` pointers at `pages`.
-    let list: Vec<u64> = unsafe { core::slice::from_raw_parts(pages, num_pages) }
-        .iter()
-        .map(|&p| p as usize as u64)
-        .collect();
+    let list: Vec<u64> = pages.iter().map(|&p| p as usize as u64).collect();
     // SAFETY: the pages stay valid until ibv_dereg_mr (the caller's contract, as verbs asks
     // of any registered buffer).
     let r = unsafe {
@@ -322,18 +315,32 @@ pub unsafe extern "C" fn sv_ibv_reg_mr_bitmap(
     access: c_uint,
 ) -> *mut ibv_mr {
     // SAFETY: the caller's.
-    let Some(nic) = (unsafe { nic_pd(pd) }) else {
+    let Some((nic, words)) = (unsafe { pd_and_array(pd, bitmap, num_words) }) else {
         return inval();
     };
-    if bitmap.is_null() || num_words == 0 || num_words > isize::MAX as usize / 8 {
-        return inval();
-    }
-    // SAFETY: the caller provides `num_words` words at `bitmap`.
-    let words = unsafe { core::slice::from_raw_parts(bitmap, num_words) };
     // SAFETY: the selected pages stay valid until ibv_dereg_mr (the caller's contract).
     let r =
         unsafe { nic.reg_mr_bitmap(base as usize as u64, page_size as u64, words, iova, access) };
     region_to_c(pd, r)
+}
+
+/// The NIC PD and the `n`-element array at `ptr` of a registration call; None (EINVAL) for a
+/// NULL PD or array, or no elements.
+///
+/// # Safety
+/// `pd` is NULL or a live PD of this library; `ptr` is NULL or holds `n` elements.
+unsafe fn pd_and_array<'a, T>(
+    pd: *mut ibv_pd,
+    ptr: *const T,
+    n: usize,
+) -> Option<(&'a std::sync::Arc<softverbs_nic::objects::Pd>, &'a [T])> {
+    // SAFETY: the caller's.
+    let nic = unsafe { nic_pd(pd) }?;
+    if ptr.is_null() || n == 0 || n > isize::MAX as usize / std::mem::size_of::<T>().max(1) {
+        return None;
+    }
+    // SAFETY: the caller's: `n` elements at `ptr`.
+    Some((nic, unsafe { core::slice::from_raw_parts(ptr, n) }))
 }
 
 /// A page-list or bitmap registration handed to C: `addr` is the IOVA its SGEs use.

@@ -201,7 +201,9 @@ impl CqLink {
 fn open_cq_ring(fd: OwnedFd) -> Result<Ring> {
     let ring = Ring::open(Segment::open(fd)?)?;
     if ring.payload_bytes() < std::mem::size_of::<Cqe>() {
-        return Err(Error::InvalidArgument("peer CQ ring: slots too small".into()));
+        return Err(Error::InvalidArgument(
+            "peer CQ ring: slots too small".into(),
+        ));
     }
     Ok(ring)
 }

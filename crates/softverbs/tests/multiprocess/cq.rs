@@ -3,8 +3,30 @@
 //! held), and nothing is lost or reordered.
 
 use crate::common::*;
-use crate::harness::{Peer, msg, peer};
+use crate::harness::{Parent, Peer, msg, peer};
 use softverbs::*;
+
+/// The target's side of the connection: an RC QP on `cq` with `recvs` receives of `sge`
+/// posted (`wr_id`s from 0), connected to the initiator, which is then told "ready".
+fn target_qp(p: &Parent, n: &Node, cq: &CompletionQueue, recvs: u64, sge: &[Sge]) -> QueuePair {
+    let attr = QpInitAttr {
+        cap: QpCap {
+            max_recv_wr: recvs as u32,
+            ..QpInitAttr::rc(cq, cq).cap
+        },
+        ..QpInitAttr::rc(cq, cq)
+    };
+    let qp = n.pd.create_qp(&attr).unwrap();
+    p.send(msg!("target", qp.endpoint(0).unwrap()));
+    let them: Endpoint = p.expect("initiator").get(0);
+    qp.to_init(ALL_REMOTE).unwrap();
+    qp.post_recv((0..recvs).map(|i| RecvWr::new(i, sge)))
+        .unwrap();
+    qp.to_rtr(&them).unwrap();
+    qp.to_rts(0).unwrap();
+    p.send("ready");
+    qp
+}
 
 /// Messages before and after the target resizes its CQ.
 const BEFORE: u64 = 4;
@@ -14,17 +36,8 @@ peer!(peer_resize_target, |p| {
     let n = node();
     let ch = n.ctx.create_comp_channel().unwrap();
     let cq = n.ctx.create_cq(16, Some(&ch)).unwrap();
-    let qp = n.pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
     let buf = n.mr(64);
-    p.send(msg!("target", qp.endpoint(0).unwrap()));
-    let them: Endpoint = p.expect("initiator").get(0);
-    qp.to_init(ALL_REMOTE).unwrap();
-    let sge = [buf.sge(0..64)];
-    qp.post_recv((0..BEFORE + AFTER).map(|i| RecvWr::new(i, &sge)))
-        .unwrap();
-    qp.to_rtr(&them).unwrap();
-    qp.to_rts(0).unwrap();
-    p.send("ready");
+    let _qp = target_qp(p, &n, &cq, BEFORE + AFTER, &[buf.sge(0..64)]);
     let mut got = poll_n(&cq, BEFORE as usize, "target: receives before the resize");
     // The initiator's process has our CQ's ring mapped, and keeps completing into it.
     assert!(cq.resize(256).unwrap() >= 256);
@@ -83,24 +96,8 @@ const BLOCK: usize = 32;
 peer!(peer_stream_target, |p| {
     let n = node();
     let cq = n.ctx.create_cq(BLOCK as u32, None).unwrap();
-    let attr = QpInitAttr {
-        cap: QpCap {
-            max_recv_wr: 512,
-            ..QpInitAttr::rc(&cq, &cq).cap
-        },
-        ..QpInitAttr::rc(&cq, &cq)
-    };
-    let qp = n.pd.create_qp(&attr).unwrap();
     let buf = n.mr(64);
-    p.send(msg!("target", qp.endpoint(0).unwrap()));
-    let them: Endpoint = p.expect("initiator").get(0);
-    qp.to_init(ALL_REMOTE).unwrap();
-    let sge = [buf.sge(0..64)];
-    qp.post_recv((0..STREAM).map(|i| RecvWr::new(i, &sge)))
-        .unwrap();
-    qp.to_rtr(&them).unwrap();
-    qp.to_rts(0).unwrap();
-    p.send("ready");
+    let _qp = target_qp(p, &n, &cq, STREAM, &[buf.sge(0..64)]);
     // Poll while the other process streams SENDs, resizing twice on the way.
     let mut got = Vec::new();
     let mut sizes = vec![64, 256].into_iter();
