@@ -294,7 +294,8 @@ impl MemoryRegion<'_> {
     /// (`IBV_MR_SET_LAYOUT_ERR_INPUT`: malformed input, unknown key, another PD, data outside
     /// its region, not a layout container), `Busy` (`IBV_MR_SET_LAYOUT_ERR_WOULD_INVALIDATE`)
     /// and `Unsupported` (`IBV_MR_SET_LAYOUT_ERR_UNSUPPORTED`: beyond the device's
-    /// [`LayoutCaps`](crate::LayoutCaps)); [`set_layout_code`](crate::set_layout_code) gives
+    /// [`LayoutCaps`](crate::LayoutCaps), or flag bits this library does not know);
+    /// [`set_layout_code`](crate::set_layout_code) gives
     /// the seed's code.
     ///
     /// Keys: a layout with at most `max_inline_num_sg` SGEs (or no more than the region had
