@@ -1954,6 +1954,26 @@ pub unsafe extern "C" fn sv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_
     0
 }
 
+/// `ibv_modify_srq`: `IBV_SRQ_LIMIT` arms the limit event (0 disarms); `IBV_SRQ_MAX_WR` (a
+/// resize) and unknown bits are EINVAL: an SRQ's size is fixed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    attr_mask: c_int,
+) -> c_int {
+    const SRQ_LIMIT: c_int = 1 << 1;
+    if srq.is_null() || attr.is_null() || attr_mask != SRQ_LIMIT {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ of ours, and the caller's attribute struct.
+    let (nic, limit) = unsafe { (&(*(srq as *const SvSrq)).nic, (*attr).srq_limit) };
+    match nic.set_limit(limit) {
+        Ok(()) => 0,
+        Err(e) => e.errno(),
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     if srq.is_null() {

@@ -231,6 +231,28 @@ static void srq_limit_section(struct ibv_context *ctx, struct ibv_pd *pd, struct
         for (int i = 0; i < k; i++) CHECK(wc[i].status == IBV_WC_SUCCESS);
         got += k;
     }
+    /* ibv_modify_srq re-arms the limit: one WQE is left, and taking it crosses 1. A resize,
+     * a limit above max_wr, unknown bits and NULL are EINVAL. */
+    struct ibv_srq_attr ma_ = {.srq_limit = 1};
+    CHECK(ibv_modify_srq(srq, &ma_, IBV_SRQ_LIMIT) == 0);
+    CHECK(ibv_query_srq(srq, &sq) == 0 && sq.srq_limit == 1);
+    struct ibv_srq_attr big = {.max_wr = 64, .srq_limit = 1000};
+    CHECK(ibv_modify_srq(srq, &big, IBV_SRQ_MAX_WR) == EINVAL);
+    CHECK(ibv_modify_srq(srq, &big, IBV_SRQ_LIMIT) == EINVAL);
+    CHECK(ibv_modify_srq(srq, &ma_, IBV_SRQ_LIMIT | (1 << 5)) == EINVAL);
+    CHECK(ibv_modify_srq(NULL, &ma_, IBV_SRQ_LIMIT) == EINVAL);
+    CHECK(ibv_query_srq(srq, &sq) == 0 && sq.srq_limit == 1 && sq.max_wr >= 8);
+    wr.wr_id = 32;
+    post(qt, &wr);
+    CHECK(ibv_get_async_event(ctx, &ev) == 0);
+    CHECK(ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == srq);
+    ibv_ack_async_event(&ev);
+    for (int got = 0; got < 2;) {
+        int k = ibv_poll_cq(cq, 4, wc);
+        CHECK(k >= 0);
+        for (int i = 0; i < k; i++) CHECK(wc[i].status == IBV_WC_SUCCESS);
+        got += k;
+    }
     CHECK(ibv_destroy_qp(qs) == 0 && ibv_destroy_qp(qt) == 0);
     CHECK(ibv_destroy_cq(cq) == 0);
     CHECK(ibv_destroy_srq(srq) == 0);
