@@ -824,20 +824,129 @@ pub unsafe extern "C" fn sv_ibv_reg_mr_iova2(
             Err(e) => null(e),
         };
     }
+    // SAFETY: the caller's buffer (verbs' contract, as for any registration).
+    match unsafe { register(&sv.nic, addr, length, iova, access) } {
+        // SAFETY: a PD of ours.
+        Ok((nic, backing)) => new_mr(unsafe { (*pd).context }, pd, addr, length, nic, backing),
+        Err(e) => null(e),
+    }
+}
+
+/// Registers `addr..addr + length` at `iova` with the NIC, moving plain memory into a memfd
+/// first (see `inplace`); on failure nothing stays moved for it.
+///
+/// # Safety
+/// The buffer stays valid until the region is deregistered.
+unsafe fn register(
+    pd: &Arc<Pd>,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> softverbs_nic::Result<(Mr, Option<softverbs_nic::keys::Backing>)> {
     let backing = crate::inplace::acquire(addr as usize, length);
     // SAFETY: verbs requires the buffer to stay valid until `ibv_dereg_mr`; the NIC reaches
     // it through this process's address space, and peers through the memfd it was moved into
     // (or by cross-memory attach when it was not).
-    let r = unsafe { sv.nic.reg_mr(addr as usize, length, iova, access, backing) };
+    let r = unsafe { pd.reg_mr(addr as usize, length, iova, access, backing) };
     if r.is_err()
         && let Some(b) = &backing
     {
         crate::inplace::release(b);
     }
+    r.map(|nic| (nic, backing))
+}
+
+/// `IBV_REREG_MR_CHANGE_TRANSLATION`, `_CHANGE_PD`, `_CHANGE_ACCESS`.
+const REREG_TRANSLATION: c_int = 1;
+const REREG_PD: c_int = 1 << 1;
+const REREG_ACCESS: c_int = 1 << 2;
+
+/// `ibv_rereg_mr`: a new registration with the changed parts (`addr`/`length`, `pd`,
+/// `access`) and the others as they were, which replaces the old one only once it exists, so
+/// a failure (`IBV_REREG_MR_ERR_INPUT`, errno set) leaves the region as it was. The key may
+/// change (`mr->lkey`/`rkey` say). Layout containers and page lists cannot be re-registered
+/// (EINVAL); a region a layout uses is EBUSY.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    /// `IBV_REREG_MR_ERR_INPUT`: the old region is still valid.
+    const ERR_INPUT: c_int = -1;
+    let fail = |errno: c_int| {
+        set_errno(errno);
+        ERR_INPUT
+    };
+    if flags == 0 || flags & !(REREG_TRANSLATION | REREG_PD | REREG_ACCESS) != 0 {
+        return fail(EINVAL);
+    }
+    if flags & REREG_PD != 0 && pd.is_null() {
+        return fail(EINVAL);
+    }
+    // Exclusive: no other call uses or deregisters this MR meanwhile.
+    let live = live_mrs().write().unwrap_or_else(|e| e.into_inner());
+    if mr.is_null() || !live.contains(&(mr as usize)) {
+        return fail(EINVAL);
+    }
+    // SAFETY: a live SvMr of ours, and we hold the write lock over live MRs.
+    let sv = unsafe { &mut *(mr as *mut SvMr) };
+    let Some(old) = &sv.nic else {
+        return fail(EINVAL);
+    };
+    if old.is_layout() || sv.mr.addr as usize != old.addr() {
+        return fail(EINVAL); // a container, or a page list (its addr is an IOVA)
+    }
+    if let Err(e) = old.check_dereg() {
+        return fail(e.errno());
+    }
+    let new_pd = if flags & REREG_PD != 0 { pd } else { sv.mr.pd };
+    let (new_addr, new_len, iova) = if flags & REREG_TRANSLATION != 0 {
+        (addr, length, addr as u64)
+    } else {
+        (sv.mr.addr, sv.mr.length, old.iova())
+    };
+    let new_access = if flags & REREG_ACCESS != 0 {
+        access as c_uint
+    } else {
+        old.access().bits()
+    };
+    if let Err(e) = Pd::effective_access(new_access) {
+        return fail(e.errno());
+    }
+    // SAFETY: `new_pd` is the MR's PD or the caller's (a PD of ours, non-NULL); the buffer is
+    // the caller's to keep valid, as for any registration.
+    let r = unsafe {
+        register(
+            &(*(new_pd as *const SvPd)).nic,
+            new_addr,
+            new_len,
+            iova,
+            new_access,
+        )
+    };
     match r {
-        // SAFETY: a PD of ours.
-        Ok(nic) => new_mr(unsafe { (*pd).context }, pd, addr, length, nic, backing),
-        Err(e) => null(e),
+        Ok((nic, backing)) => {
+            let old_backing = std::mem::replace(&mut sv.backing, backing);
+            // The old key goes first, then the memfd it named (as in deregistration).
+            drop(sv.nic.replace(nic));
+            if let Some(b) = &old_backing {
+                crate::inplace::release(b);
+            }
+            let key = sv.nic.as_ref().map_or(0, Mr::key);
+            sv.mr.pd = new_pd;
+            sv.mr.addr = new_addr;
+            sv.mr.length = new_len;
+            sv.mr.handle = key;
+            sv.mr.lkey = key;
+            sv.mr.rkey = key;
+            0
+        }
+        Err(e) => fail(e.errno()),
     }
 }
 

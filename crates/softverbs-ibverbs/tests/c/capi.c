@@ -387,6 +387,43 @@ int main(void) {
     wait_wc(IBV_WC_RDMA_WRITE, 2);
     CHECK(strcmp(b + 128, "written") == 0);
 
+    /* ibv_rereg_mr: access, then translation, each in force for an RDMA WRITE by the region's
+     * (possibly new) rkey; bad calls are IBV_REREG_MR_ERR_INPUT with errno and change nothing. */
+    char *c = aligned_alloc(4096, 8192);
+    CHECK(c);
+    memset(c, 0, 8192);
+    struct ibv_mr *mc = ibv_reg_mr(pd, c, 4096, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mc);
+    CHECK(ibv_rereg_mr(mc, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, RC_ACCESS_ALL) == 0);
+    wr.wr_id = 3;
+    wr.wr.rdma.remote_addr = (uintptr_t)(c + 64);
+    wr.wr.rdma.rkey = mc->rkey;
+    post(qa, &wr);
+    wait_wc(IBV_WC_RDMA_WRITE, 3);
+    CHECK(strcmp(c + 64, "written") == 0);
+    CHECK(ibv_rereg_mr(mc, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, c + 4096, 4096, 0) == 0);
+    CHECK(mc->addr == c + 4096 && mc->length == 4096 && mc->lkey == mc->rkey);
+    wr.wr_id = 4;
+    wr.wr.rdma.remote_addr = (uintptr_t)(c + 4096 + 8);
+    wr.wr.rdma.rkey = mc->rkey;
+    post(qa, &wr);
+    wait_wc(IBV_WC_RDMA_WRITE, 4);
+    CHECK(strcmp(c + 4096 + 8, "written") == 0);
+    uint32_t key = mc->rkey;
+    errno = 0;
+    CHECK(ibv_rereg_mr(mc, 1 << 5, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+    errno = 0; /* remote write without local write */
+    CHECK(ibv_rereg_mr(mc, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_REMOTE_WRITE) ==
+              IBV_REREG_MR_ERR_INPUT &&
+          errno == EINVAL);
+    CHECK(ibv_rereg_mr(mc, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT);
+    CHECK(ibv_rereg_mr(NULL, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, 0) ==
+          IBV_REREG_MR_ERR_INPUT);
+    CHECK(mc->rkey == key && mc->addr == c + 4096 && mc->length == 4096);
+    CHECK(ibv_dereg_mr(mc) == 0);
+    free(c);
+    wr.wr.rdma.rkey = mb->rkey; /* as the next steps expect */
+
     /* Plain SEND, then RDMA WRITE_WITH_IMM, which consumes a receive without its buffer. */
     rwr.wr_id = 101;
     CHECK(ibv_post_recv(qb, &rwr, &rbad) == 0);

@@ -549,8 +549,17 @@ static void errors(const struct ibv_mr_layout_caps *caps) {
     CHECK(c->lkey == key2 && c->length == 16);
     send_expect(c->lkey, 0, 16, w2);
 
-    /* Dereg: busy while used, then inverse order; NULL and foreign pointers. */
+    /* Dereg: busy while used, then inverse order; NULL and foreign pointers. Re-registering
+     * is refused the same way, and a container cannot be re-registered at all. */
     CHECK(ibv_dereg_mr(mr) == EBUSY);
+    errno = 0;
+    CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) ==
+              IBV_REREG_MR_ERR_INPUT &&
+          errno == EBUSY);
+    errno = 0;
+    CHECK(ibv_rereg_mr(c, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) ==
+              IBV_REREG_MR_ERR_INPUT &&
+          errno == EINVAL);
     send_expect(c->lkey, 0, 16, w2);
     CHECK(ibv_dereg_mr(NULL) == EINVAL);
     CHECK(ibv_dereg_mr((struct ibv_mr *)fake) == EINVAL);
