@@ -258,6 +258,109 @@ static void srq_limit_section(struct ibv_context *ctx, struct ibv_pd *pd, struct
     CHECK(ibv_destroy_srq(srq) == 0);
 }
 
+/* A UD QP through INIT, RTR and RTS with qkey 0x11111111. */
+static void ud_ready(struct ibv_qp *qp) {
+    struct ibv_qp_attr a = {0};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = 0x11111111;
+    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+    a.qp_state = IBV_QPS_RTR;
+    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 1;
+    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+}
+
+/* A UD SEND of `len` bytes at `addr` (key `lkey`) through `ah` to QP `qpn`; waits for its
+ * completion and returns the receive completion that comes with it. */
+static struct ibv_wc ud_send(struct ibv_qp *qp, struct ibv_cq *ucq, struct ibv_ah *ah,
+                             uint32_t qpn, char *addr, uint32_t len, uint32_t lkey) {
+    struct ibv_sge s = {(uintptr_t)addr, len, lkey};
+    struct ibv_send_wr w = {0};
+    w.wr_id = 50;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.ud.ah = ah;
+    w.wr.ud.remote_qpn = qpn;
+    w.wr.ud.remote_qkey = 0x11111111;
+    post(qp, &w);
+    struct ibv_wc recv = {0};
+    for (int got = 0; got < 2; got++) {
+        struct ibv_wc wc = poll1(ucq);
+        CHECK(wc.status == IBV_WC_SUCCESS);
+        if (wc.opcode == IBV_WC_RECV)
+            recv = wc;
+    }
+    CHECK(recv.opcode == IBV_WC_RECV && recv.byte_len == 40 + len);
+    return recv;
+}
+
+/* ibv_init_ah_from_wc / ibv_create_ah_from_wc: a UD server answers its client through the
+ * address built from the client's receive completion and GRH. */
+static void ud_reply_section(struct ibv_context *ctx, struct ibv_pd *pd, union ibv_gid *gid) {
+    struct ibv_cq *ucq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(ucq);
+    struct ibv_qp_init_attr ia = {0};
+    ia.send_cq = ia.recv_cq = ucq;
+    ia.qp_type = IBV_QPT_UD;
+    ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    struct ibv_qp *client = ibv_create_qp(pd, &ia), *server = ibv_create_qp(pd, &ia);
+    CHECK(client && server);
+    ud_ready(client);
+    ud_ready(server);
+    char *buf = aligned_alloc(4096, 4096);
+    CHECK(buf);
+    memset(buf, 0, 4096);
+    struct ibv_mr *m = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(m);
+    struct ibv_sge cs = {(uintptr_t)buf, 128, m->lkey}, ss = {(uintptr_t)buf + 1024, 128, m->lkey};
+    struct ibv_recv_wr cr = {.wr_id = 60, .sg_list = &cs, .num_sge = 1};
+    struct ibv_recv_wr sr = {.wr_id = 61, .sg_list = &ss, .num_sge = 1}, *rbad;
+    CHECK(ibv_post_recv(client, &cr, &rbad) == 0 && ibv_post_recv(server, &sr, &rbad) == 0);
+
+    struct ibv_ah_attr to_server = {0};
+    to_server.is_global = 1;
+    to_server.grh.dgid = *gid;
+    to_server.grh.hop_limit = 1;
+    to_server.port_num = 1;
+    struct ibv_ah *ah = ibv_create_ah(pd, &to_server);
+    CHECK(ah);
+    strcpy(buf + 2048, "ping");
+    struct ibv_wc wc = ud_send(client, ucq, ah, server->qp_num, buf + 2048, 5, m->lkey);
+    CHECK(wc.wr_id == 61 && (wc.wc_flags & IBV_WC_GRH) && wc.src_qp == client->qp_num);
+    struct ibv_grh *grh = (struct ibv_grh *)(buf + 1024);
+
+    struct ibv_ah_attr back;
+    CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, grh, &back) == 0);
+    CHECK(back.is_global == 1 && memcmp(&back.grh.dgid, gid, 16) == 0 &&
+          back.grh.sgid_index == 0 && back.port_num == 1 && back.grh.hop_limit == 0xff);
+    struct ibv_ah *reply = ibv_create_ah_from_wc(pd, &wc, grh, 1);
+    CHECK(reply);
+    strcpy(buf + 2048, "pong");
+    wc = ud_send(server, ucq, reply, wc.src_qp, buf + 2048, 5, m->lkey);
+    CHECK(wc.wr_id == 60 && strcmp(buf + 40, "pong") == 0);
+
+    /* A GRH sent to a GID this port does not have, and NULL arguments: EINVAL. */
+    struct ibv_grh other = *grh;
+    other.dgid.raw[0] ^= 0xff;
+    CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, &other, &back) == EINVAL);
+    wc.wc_flags |= IBV_WC_GRH;
+    CHECK(ibv_init_ah_from_wc(ctx, 1, &wc, NULL, &back) == EINVAL);
+    CHECK(ibv_init_ah_from_wc(ctx, 1, NULL, grh, &back) == EINVAL);
+    errno = 0;
+    CHECK(ibv_create_ah_from_wc(pd, &wc, &other, 1) == NULL && errno == EINVAL);
+
+    CHECK(ibv_destroy_ah(reply) == 0 && ibv_destroy_ah(ah) == 0);
+    CHECK(ibv_destroy_qp(client) == 0 && ibv_destroy_qp(server) == 0);
+    CHECK(ibv_destroy_cq(ucq) == 0);
+    CHECK(ibv_dereg_mr(m) == 0);
+    free(buf);
+}
+
 int main(void) {
     struct ibv_context *ctx = open_first_device();
     CHECK(strcmp(ibv_get_device_name(ctx->device), "softverbs0") == 0);
@@ -518,6 +621,7 @@ int main(void) {
 
     cq_ex_section(ctx, pd, ma, mb, &gid);
     srq_limit_section(ctx, pd, ma, mb, &gid);
+    ud_reply_section(ctx, pd, &gid);
 
     CHECK(ibv_dereg_mr(ma) == 0 && ibv_dereg_mr(mb) == 0);
     CHECK(ibv_dealloc_pd(pd) == 0);
