@@ -275,10 +275,13 @@ impl RemoteQp {
         let qp_type =
             QpType::from_raw(c.qp_type.load(Ordering::Acquire)).ok_or_else(|| bad("type"))?;
         let need = |e: &Export| open_export(pid, e, false)?.ok_or_else(|| bad("missing segment"));
-        let rq = RecvQueue::from_ring(Ring::open(Segment::open(need(&c.rq)?)?)?);
+        let rq = RecvQueue::from_ring(Ring::open(Segment::open(need(&c.rq)?)?)?)?;
         let cq = open_cq_ring(need(&c.cq)?)?;
         let keys = KeyTable::open(Segment::open(need(&c.keys)?)?)?;
         let events = Ring::open(Segment::open(need(&c.events)?)?)?;
+        if events.payload_bytes() < std::mem::size_of::<crate::event::EventRecord>() {
+            return Err(bad("event queue slots too small"));
+        }
         let events_bell =
             open_export(pid, &c.events_bell, true)?.ok_or_else(|| bad("no event bell"))?;
         let chan = open_export(pid, &c.chan, true)?;
@@ -544,5 +547,21 @@ impl Peers {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer's CQ ring whose slots cannot hold a completion is refused at mapping, rather
+    /// than failing an assertion at the first completion pushed into it.
+    #[test]
+    fn a_peer_cq_ring_with_tiny_slots_is_refused() {
+        let dup = |r: &Ring| r.segment().fd().try_clone_to_owned().unwrap();
+        let tiny = Ring::new("t", 4, 16).unwrap();
+        assert!(open_cq_ring(dup(&tiny)).is_err());
+        let fits = Ring::new("t", 4, std::mem::size_of::<Cqe>()).unwrap();
+        assert!(open_cq_ring(dup(&fits)).is_ok());
     }
 }

@@ -49,10 +49,15 @@ impl RecvQueue {
         })
     }
 
-    /// A view of a queue another process created.
-    pub(crate) fn from_ring(ring: Ring) -> RecvQueue {
-        let max_sge = ((ring.payload_bytes() - std::mem::size_of::<RecvHeader>()) / 16) as u32;
-        RecvQueue { ring, max_sge }
+    /// A view of a queue another process created; refused when its slots cannot hold a WQE
+    /// header (the ring's geometry is the peer's word).
+    pub(crate) fn from_ring(ring: Ring) -> Result<RecvQueue> {
+        let room = ring
+            .payload_bytes()
+            .checked_sub(std::mem::size_of::<RecvHeader>())
+            .ok_or_else(|| inval("peer receive queue: slots too small"))?;
+        let max_sge = u32::try_from(room / 16).unwrap_or(u32::MAX);
+        Ok(RecvQueue { ring, max_sge })
     }
 
     /// The ring, for exporting to peers.
@@ -216,6 +221,18 @@ impl Srq {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer's queue whose slots cannot hold a WQE header is refused, not a panic later.
+    #[test]
+    fn a_peer_queue_with_tiny_slots_is_refused() {
+        let tiny = Ring::new("t", 4, 8).unwrap();
+        assert!(RecvQueue::from_ring(tiny).is_err());
+        let q = RecvQueue::new(4, 3).unwrap();
+        let fd = q.ring().segment().fd().try_clone_to_owned().unwrap();
+        let seg = crate::shm::Segment::open(fd).unwrap();
+        let view = RecvQueue::from_ring(Ring::open(seg).unwrap()).unwrap();
+        assert_eq!(view.max_sge, q.max_sge);
+    }
 
     #[test]
     fn post_take_roundtrip() {
