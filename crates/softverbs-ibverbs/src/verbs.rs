@@ -572,6 +572,38 @@ pub unsafe extern "C" fn sv_ibv_query_gid_type(
     0
 }
 
+/// `ibv_get_pkey_index`: the index of P_Key `pkey` (network order) in the port's table, or -1
+/// with errno (EINVAL: no such port; ENOENT: not in the table).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_get_pkey_index(
+    ctx: *mut ibv_context,
+    port: u8,
+    pkey: u16,
+) -> c_int {
+    if ctx.is_null() {
+        set_errno(EINVAL);
+        return -1;
+    }
+    // SAFETY: a context of ours.
+    let dev = unsafe { ctx_of(ctx) }.nic.device();
+    // Index 0 always exists: an error there is the port's.
+    if let Err(e) = dev.pkey(port, 0) {
+        set_errno(e.errno());
+        return -1;
+    }
+    // The table ends at the first index the device refuses.
+    match (0..=u16::MAX)
+        .map_while(|i| dev.pkey(port, i).ok().map(|k| (i, k)))
+        .find(|&(_, k)| k.to_be() == pkey)
+    {
+        Some((i, _)) => c_int::from(i),
+        None => {
+            set_errno(libc::ENOENT);
+            -1
+        }
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sv_ibv_query_pkey(
     ctx: *mut ibv_context,

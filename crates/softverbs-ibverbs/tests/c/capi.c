@@ -396,6 +396,11 @@ int main(void) {
     CHECK(ibv_query_gid_table(ctx, table, 4, 0) == 1 && memcmp(&table[0].gid, &gid, 16) == 0);
     uint16_t pkey;
     CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == 0xffff);
+    CHECK(ibv_get_pkey_index(ctx, 1, htons(0xffff)) == 0);
+    errno = 0;
+    CHECK(ibv_get_pkey_index(ctx, 1, htons(0x8001)) == -1 && errno == ENOENT);
+    errno = 0;
+    CHECK(ibv_get_pkey_index(ctx, 2, htons(0xffff)) == -1 && errno == EINVAL);
 
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
     CHECK(pd);
