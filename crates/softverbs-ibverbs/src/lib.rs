@@ -16,7 +16,8 @@
 //! - softverbs' own extensions (`include/softverbs/verbs_ext.h`: the seed's `ibv_poll_cq_ex`
 //!   and its compact records) are in `ext`, and seed 002's non-contiguous memory regions
 //!   (`ibv_mr_set_layout_sg`, `ibv_mr_set_layout_interleaved`, `ibv_query_mr_layout_caps`)
-//!   in `mrlayout`, all exported under the `SOFTVERBS_1.0` version.
+//!   in `mrlayout`, all exported under the `SOFTVERBS_1.0` version. rdma-core's pure rate
+//!   conversions are in `rates`.
 //!
 //! Every `unsafe` block dereferences pointers that the C caller passed and the verbs API
 //! requires to be valid; each says so in its `// SAFETY:` line.
@@ -27,6 +28,7 @@ mod abi;
 mod ext;
 mod inplace;
 mod mrlayout;
+mod rates;
 mod verbs;
 
 include!(concat!(env!("OUT_DIR"), "/stubs.rs"));

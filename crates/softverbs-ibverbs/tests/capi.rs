@@ -113,3 +113,57 @@ fn c_poll_cq_ex_compact_records() {
 fn c_noncontiguous_memory_regions() {
     run_c_program("noncontig", true);
 }
+
+/// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
+/// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
+/// must be the same.
+#[test]
+fn rate_conversions_answer_as_rdma_core_does() {
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        return missing("/usr/include/infiniband/verbs.h (apt-get install libibverbs-dev)");
+    }
+    let Some(lib) = dropin() else {
+        return missing("the drop-in libibverbs.so (cargo build -p softverbs-ibverbs)");
+    };
+    let dir = std::env::temp_dir().join(format!("softverbs-rates-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rates.c");
+    let exe = dir.join("rates");
+    let cc = match Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => return missing(&format!("a C compiler `cc` ({e})")),
+    };
+    assert!(
+        cc.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    std::os::unix::fs::symlink(&lib, dir.join("libibverbs.so.1")).unwrap();
+    let run = |dropin: bool| {
+        let mut c = Command::new(&exe);
+        c.env_remove("LD_LIBRARY_PATH").env_remove("LD_PRELOAD");
+        if dropin {
+            c.env("LD_LIBRARY_PATH", &dir);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (rdma_core, ours) = (run(false), run(true));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        rdma_core.ends_with("ok\n") && rdma_core.lines().count() > 100,
+        "{rdma_core}"
+    );
+    assert_eq!(ours, rdma_core);
+}
