@@ -604,6 +604,30 @@ pub unsafe extern "C" fn sv_ibv_get_pkey_index(
     }
 }
 
+/// `ibv_query_qp_data_in_order`: 0, no promise. A message's bytes are placed with the CPU's
+/// memory copy, whose store order is its own, and relaxed-ordering regions may be placed in
+/// any order (see the ordering check); a program must wait for the completion.
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_query_qp_data_in_order(
+    _qp: *mut ibv_qp,
+    _op: c_int,
+    _flags: u32,
+) -> c_int {
+    0
+}
+
+/// `ibv_query_ece`: EOPNOTSUPP, as the man page says for a device without ECE.
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// `ibv_set_ece`: EOPNOTSUPP (no ECE).
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
+    libc::EOPNOTSUPP
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sv_ibv_query_pkey(
     ctx: *mut ibv_context,

@@ -444,6 +444,10 @@ int main(void) {
     CHECK(ibv_modify_qp(qa, &bad, IBV_QP_STATE) == EINVAL);
 
     connect_rc_pair(qa, qb, &gid, RC_ACCESS_ALL);
+    /* No in-order placement promise; no ECE. */
+    CHECK(ibv_query_qp_data_in_order(qa, IBV_WR_RDMA_WRITE, 0) == 0);
+    struct ibv_ece ece;
+    CHECK(ibv_query_ece(qa, &ece) == EOPNOTSUPP && ibv_set_ece(qa, &ece) == EOPNOTSUPP);
     struct ibv_qp_attr qattr;
     struct ibv_qp_init_attr qinit;
     CHECK(ibv_query_qp(qa, &qattr, IBV_QP_STATE, &qinit) == 0 && qattr.qp_state == IBV_QPS_RTS);
