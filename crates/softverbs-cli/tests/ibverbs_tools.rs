@@ -5,6 +5,7 @@
 //! A missing tool or a missing drop-in library (`cargo build -p softverbs-ibverbs`) skips a
 //! test with a printed reason, except under `CI=true`, where it fails.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -160,6 +161,12 @@ fn wait(mut child: Child, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The tool runs under `softverbs run` in the child's own process group (see `pair`):
+    // kill the group, or the tool would live on holding the output pipes, and reading them
+    // would never end.
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
     let _ = child.kill();
     child.wait_with_output().expect("output")
 }
@@ -204,6 +211,7 @@ fn pair(tool: &str, gid_flag: &str, extra: &[&str], expect: &str) {
     args.extend_from_slice(extra);
     let spawn = |args: &[&str]| {
         softverbs_run(args)
+            .process_group(0)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

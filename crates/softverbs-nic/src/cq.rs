@@ -162,12 +162,16 @@ impl Channel {
             }
             // With old rings the event is always delivered: re-arming across several rings
             // could lose one, a stale event cannot.
-            if ring.old.is_empty() && ring.is_empty() {
+            // "Nothing to poll" means no *published* completion: a producer between claiming a
+            // slot and publishing it (a peer descheduled mid-push, say) must not make the CQ
+            // look non-empty, or the program is woken to an empty poll. That producer checks
+            // the arm after publishing, so the re-arm below catches it.
+            if ring.old.is_empty() && ring.ready(1) == 0 {
                 let arm = &ring.user_words()[W_ARM];
                 let _ = arm.compare_exchange(ARM_NONE, mode, Ordering::SeqCst, Ordering::SeqCst);
                 // A completion that slipped in before the re-arm did not fire it: deliver now
                 // (and take the arm back, as firing would have).
-                if ring.is_empty() || arm.swap(ARM_NONE, Ordering::SeqCst) == ARM_NONE {
+                if ring.ready(1) == 0 || arm.swap(ARM_NONE, Ordering::SeqCst) == ARM_NONE {
                     continue;
                 }
             }
@@ -893,5 +897,39 @@ mod tests {
             .map(|r| crate::compact::header(r).wr_id)
             .collect();
         assert_eq!(ids, [6, 101]);
+    }
+
+    /// A fired arm whose completion was already polled is withheld, also while a producer
+    /// has claimed a slot but not yet published it (the CQ holds nothing to poll): the
+    /// program is never woken to an empty poll, and that producer's completion, published
+    /// later, raises the event.
+    #[test]
+    fn an_event_is_not_delivered_for_a_completion_still_being_written() {
+        let ch = Channel::new().unwrap();
+        let (c, _) = cq(8, Some(ch.clone()));
+        let cqe = |i: u64| Cqe {
+            wr_id: i,
+            opcode: 0x80,
+            ..Default::default()
+        };
+        c.req_notify(false).unwrap();
+        assert!(c.push(cqe(1))); // fires
+        let mut out = [Cqe::default(); 4];
+        assert_eq!(c.poll(&mut out), 1); // polled before the event is collected
+        let ring = c.read_ring().cur.clone();
+        let pos = ring.claim_only().unwrap(); // a peer mid-push
+        assert!(
+            matches!(ch.get_event(false), Err(Error::WouldBlock)),
+            "an event with nothing to poll"
+        );
+        // The peer publishes, then checks the arm as `push_ring` does: re-armed, it fires.
+        ring.publish_claimed(pos, &cqe(2));
+        let arm = &ring.user_words()[W_ARM];
+        assert_eq!(arm.swap(ARM_NONE, Ordering::SeqCst), ARM_NEXT, "re-armed");
+        ring.user_words()[W_EVENT].store(ARM_NEXT, Ordering::Release);
+        let got = ch.get_event(false).unwrap();
+        assert!(Arc::ptr_eq(&got, &c));
+        assert_eq!(c.poll(&mut out), 1);
+        assert_eq!(out[0].wr_id, 2);
     }
 }

@@ -258,13 +258,31 @@ impl Ring {
 
     /// Appends `value`; `Err` if the ring is full.
     pub fn push<T: SlotPayload>(&self, value: &T) -> Result<(), Full> {
-        assert!(std::mem::size_of::<T>() <= self.payload_bytes());
         let pos = self.claim_push().ok_or(Full)?;
+        self.publish(pos, value);
+        Ok(())
+    }
+
+    /// Writes `value` into slot `pos`, claimed by `claim_push`, and publishes it.
+    fn publish<T: SlotPayload>(&self, pos: u64, value: &T) {
+        assert!(std::mem::size_of::<T>() <= self.payload_bytes());
         // SAFETY: we own slot `pos` until we publish its sequence; the payload area is in
         // bounds, and `T` fits (asserted).
         unsafe { self.payload_ptr(pos).cast::<T>().write_unaligned(*value) };
         self.seq(pos).store(pos + 1, Ordering::Release);
-        Ok(())
+    }
+
+    /// A producer stopped between claiming a slot and publishing it (tests of consumers):
+    /// the slot, to publish later with [`publish_claimed`](Self::publish_claimed).
+    #[cfg(test)]
+    pub(crate) fn claim_only(&self) -> Option<u64> {
+        self.claim_push()
+    }
+
+    /// Publishes `value` in a slot from [`claim_only`](Self::claim_only).
+    #[cfg(test)]
+    pub(crate) fn publish_claimed<T: SlotPayload>(&self, pos: u64, value: &T) {
+        self.publish(pos, value);
     }
 
     /// Frees claimed slot `pos` for producers.
