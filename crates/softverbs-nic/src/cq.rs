@@ -160,18 +160,29 @@ impl Channel {
             if mode == 0 {
                 continue;
             }
-            // With old rings the event is always delivered: re-arming across several rings
-            // could lose one, a stale event cannot.
-            // "Nothing to poll" means no *published* completion: a producer between claiming a
-            // slot and publishing it (a peer descheduled mid-push, say) must not make the CQ
-            // look non-empty, or the program is woken to an empty poll. That producer checks
-            // the arm after publishing, so the re-arm below catches it.
-            if ring.old.is_empty() && ring.ready(1) == 0 {
-                let arm = &ring.user_words()[W_ARM];
-                let _ = arm.compare_exchange(ARM_NONE, mode, Ordering::SeqCst, Ordering::SeqCst);
-                // A completion that slipped in before the re-arm did not fire it: deliver now
-                // (and take the arm back, as firing would have).
-                if ring.ready(1) == 0 || arm.swap(ARM_NONE, Ordering::SeqCst) == ARM_NONE {
+            // "Nothing to poll" means no *published* completion in any ring: a producer
+            // between claiming a slot and publishing it (a peer descheduled mid-push, say) must
+            // not make the CQ look non-empty, or the program is woken to an empty poll. That
+            // producer checks its ring's arm after publishing, so the re-arm below catches it.
+            let nothing = || ring.all().all(|r| r.ready(1) == 0);
+            if nothing() {
+                for r in ring.all() {
+                    let arm = &r.user_words()[W_ARM];
+                    let _ =
+                        arm.compare_exchange(ARM_NONE, mode, Ordering::SeqCst, Ordering::SeqCst);
+                }
+                // Still nothing: armed again, any later completion fires.
+                if nothing() {
+                    continue;
+                }
+                // A completion slipped in before the re-arm and did not fire it: deliver now,
+                // taking the arms back as firing would have; if every arm has fired meanwhile,
+                // those events are coming.
+                let took = ring
+                    .all()
+                    .filter(|r| r.user_words()[W_ARM].swap(ARM_NONE, Ordering::SeqCst) != ARM_NONE)
+                    .count();
+                if took == 0 {
                     continue;
                 }
             }
