@@ -52,12 +52,17 @@ fn dropin() -> Option<PathBuf> {
 /// Compiles `tests/c/<name>.c` and runs it with the drop-in found first; it must exit 0 and
 /// print "ok". With `link_dropin` the program is linked to the drop-in and compiled with
 /// softverbs' `include/` directory; otherwise to the system's `libibverbs.so`.
-fn run_c_program(name: &str, link_dropin: bool) {
+/// Compiles `tests/c/<name>.c` into a fresh directory that also holds `libibverbs.so.1` (the
+/// drop-in), linked against the system's libibverbs or, with `link_dropin`, the drop-in (for
+/// softverbs' own exported calls). None when something needed is missing (`missing` says so).
+fn compile_c(name: &str, link_dropin: bool) -> Option<(PathBuf, PathBuf)> {
     if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        return missing("/usr/include/infiniband/verbs.h (apt-get install libibverbs-dev)");
+        missing("/usr/include/infiniband/verbs.h (apt-get install libibverbs-dev)");
+        return None;
     }
     let Some(lib) = dropin() else {
-        return missing("the drop-in libibverbs.so (cargo build -p softverbs-ibverbs)");
+        missing("the drop-in libibverbs.so (cargo build -p softverbs-ibverbs)");
+        return None;
     };
     let dir = std::env::temp_dir().join(format!("softverbs-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -76,13 +81,23 @@ fn run_c_program(name: &str, link_dropin: bool) {
     }
     let cc = match cc.arg("-libverbs").output() {
         Ok(o) => o,
-        Err(e) => return missing(&format!("a C compiler `cc` ({e})")),
+        Err(e) => {
+            missing(&format!("a C compiler `cc` ({e})"));
+            return None;
+        }
     };
     assert!(
         cc.status.success(),
         "cc failed:\n{}",
         String::from_utf8_lossy(&cc.stderr)
     );
+    Some((dir, exe))
+}
+
+fn run_c_program(name: &str, link_dropin: bool) {
+    let Some((dir, exe)) = compile_c(name, link_dropin) else {
+        return;
+    };
     let out = Command::new(&exe)
         .env("LD_LIBRARY_PATH", &dir)
         .env("LD_BIND_NOW", "1")
@@ -119,32 +134,9 @@ fn c_noncontiguous_memory_regions() {
 /// must be the same.
 #[test]
 fn rate_conversions_answer_as_rdma_core_does() {
-    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        return missing("/usr/include/infiniband/verbs.h (apt-get install libibverbs-dev)");
-    }
-    let Some(lib) = dropin() else {
-        return missing("the drop-in libibverbs.so (cargo build -p softverbs-ibverbs)");
+    let Some((dir, exe)) = compile_c("rates", false) else {
+        return;
     };
-    let dir = std::env::temp_dir().join(format!("softverbs-rates-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/rates.c");
-    let exe = dir.join("rates");
-    let cc = match Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => return missing(&format!("a C compiler `cc` ({e})")),
-    };
-    assert!(
-        cc.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    std::os::unix::fs::symlink(&lib, dir.join("libibverbs.so.1")).unwrap();
     let run = |dropin: bool| {
         let mut c = Command::new(&exe);
         c.env_remove("LD_LIBRARY_PATH").env_remove("LD_PRELOAD");
