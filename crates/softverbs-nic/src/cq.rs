@@ -649,8 +649,10 @@ impl Cq {
 
     /// Changes the capacity to at least `cqe`, keeping queued completions.
     ///
-    /// Peers that mapped the CQ's ring keep pushing into it, so a ring they have is kept (see
-    /// [`Rings`]): their completions are polled from it, with its old capacity.
+    /// Peers in other processes that mapped the ring move to the new one at their next
+    /// completion (the QP contexts name it, the old ring is flagged as moved); a ring they had
+    /// is kept and polled first, so nothing they put there is lost and each QP's completions
+    /// stay in order. Sizes outside `1..=max_cqe` are `InvalidArgument`.
     pub fn resize(&self, cqe: u32) -> Result<u32> {
         if cqe == 0 || cqe > self.max_cqe {
             return Err(inval(format!("resize to {cqe} (1..={})", self.max_cqe)));
