@@ -4,6 +4,7 @@
 //! devices and turns errors into `softverbs: <error>` and exit status 1.
 
 mod devinfo;
+mod inspect;
 mod oob;
 mod perf;
 mod perf_cq;
@@ -47,6 +48,9 @@ enum Command {
     /// Run an unmodified libibverbs program (`softverbs run -- ibv_devinfo -v`) over the
     /// softverbs drop-in `libibverbs.so.1`; exits with the program's status.
     Run(run::Args),
+    /// Show what running softverbs programs wait for: their threads, and each CQ ring's arm,
+    /// pending event and waiting completions (read through /proc; the program keeps running).
+    Inspect(inspect::Args),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +92,7 @@ fn dispatch(command: &Command) -> Result<()> {
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
         Command::PerfPeer(args) => perf::run_peer(args),
+        Command::Inspect(args) => inspect::run(args),
         Command::Run(_) => Err("`run` is handled before dispatch".into()),
     }
 }

@@ -152,15 +152,20 @@ fn listening(port: u16) -> bool {
     })
 }
 
-/// Waits for `child` up to `limit`; kills it past that.
-fn wait(mut child: Child, limit: Duration) -> Output {
+/// Waits for `child` up to `limit`: its output once it exits, or the child still running.
+fn wait(mut child: Child, limit: Duration) -> Result<Output, Child> {
     let end = Instant::now() + limit;
     while Instant::now() < end {
         if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
+            return Ok(child.wait_with_output().expect("output"));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    Err(child)
+}
+
+/// Kills `child` and what it started, and collects its output.
+fn kill(mut child: Child) -> Output {
     // The tool runs under `softverbs run` in the child's own process group (see `pair`):
     // kill the group, or the tool would live on holding the output pipes, and reading them
     // would never end.
@@ -169,6 +174,72 @@ fn wait(mut child: Child, limit: Duration) -> Output {
     }
     let _ = child.kill();
     child.wait_with_output().expect("output")
+}
+
+/// The processes of process group `pgid`.
+fn group(pgid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid pgrp ...`: the name may hold spaces, so count from the
+            // last ')'.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                st.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<u32>().ok())
+                    == Some(pgid)
+            })
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// What every process of `children`'s groups is doing, for the report of a hung pair: its
+/// threads' wait channels and CQ rings (`softverbs inspect`) and, where gdb is installed,
+/// every thread's stack.
+fn diagnose(children: &[(&str, &Child)]) -> String {
+    let mut out = String::new();
+    for (role, child) in children {
+        for pid in group(child.id()) {
+            let pid = pid.to_string();
+            let shown = |o: std::io::Result<Output>| match o {
+                Ok(o) => format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(e) => format!("(could not run: {e})\n"),
+            };
+            out += &format!("--- {role}: process {pid}\n");
+            out += &shown(
+                Command::new(env!("CARGO_BIN_EXE_softverbs"))
+                    .args(["inspect", &pid])
+                    .output(),
+            );
+            if find_in_path("gdb").is_some() {
+                let stacks = shown(
+                    Command::new("timeout")
+                        .args(["30", "gdb", "-batch", "-nx", "-p", &pid])
+                        .args(["-ex", "thread apply all bt"])
+                        .output(),
+                );
+                // The frames, not gdb's chatter about loading symbols.
+                for line in stacks.lines().filter(|l| {
+                    l.starts_with('#') || l.starts_with("Thread ") || l.contains("ptrace")
+                }) {
+                    out += line;
+                    out.push('\n');
+                }
+            } else {
+                out += "(no gdb here for the stacks: apt-get install gdb)\n";
+            }
+        }
+    }
+    out
 }
 
 /// Runs `tool` as server and client (two processes) on 127.0.0.1; both must exit 0.
@@ -224,12 +295,31 @@ fn pair(tool: &str, gid_flag: &str, extra: &[&str], expect: &str) {
     }
     let mut client_args = args.clone();
     client_args.push("127.0.0.1");
-    let client = wait(spawn(&client_args), Duration::from_secs(60));
-    let server = wait(server, Duration::from_secs(10));
+    // A pair that hangs explains itself: both processes are inspected before they are killed.
+    let mut hung = String::new();
+    let client = match wait(spawn(&client_args), Duration::from_secs(60)) {
+        Ok(out) => out,
+        Err(client) => {
+            hung = diagnose(&[("client", &client), ("server", &server)]);
+            kill(client)
+        }
+    };
+    let server = match wait(server, Duration::from_secs(10)) {
+        Ok(out) => out,
+        Err(server) => {
+            if hung.is_empty() {
+                hung = diagnose(&[("server", &server)]);
+            }
+            kill(server)
+        }
+    };
     let (c, s) = (text(&client), text(&server));
+    if !hung.is_empty() {
+        hung = format!("\n=== the pair hung; what its processes were doing:\n{hung}");
+    }
     assert!(
         client.status.success() && server.status.success(),
-        "{tool} {extra:?}\n=== client\n{c}\n=== server\n{s}"
+        "{tool} {extra:?}\n=== client\n{c}\n=== server\n{s}{hung}"
     );
     assert!(c.contains(expect), "{c}");
     println!("{tool} {extra:?} client:\n{c}");
@@ -388,4 +478,40 @@ fn ibv_rc_pingpong_events_and_timestamps() {
         &["-e", "-t", "-n", "2000"],
         "Average receive completion clock cycles",
     );
+}
+
+/// What a hung pair prints: an `ibv_rc_pingpong` server waiting for its client is inspected
+/// as a hung tool would be, and shows its threads, its CQ ring (armed with `-e`) and, where
+/// gdb is installed, its stack.
+#[test]
+fn a_waiting_tool_is_reported_with_its_threads_cq_and_stack() {
+    if !have(&["ibv_rc_pingpong"]) {
+        return;
+    }
+    let port = free_port().to_string();
+    let server = softverbs_run(&["ibv_rc_pingpong", "-g", "0", "-e", "-p", &port])
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = Instant::now();
+    while !listening(port.parse().unwrap()) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let report = diagnose(&[("server", &server)]);
+    let out = text(&kill(server));
+    assert!(report.contains("--- server: process"), "{report}\n{out}");
+    // The tool itself (under `softverbs run`), asleep in accept(2), holding its CQ.
+    assert!(
+        report.contains("(ibv_rc_pingpong): state S"),
+        "{report}\n{out}"
+    );
+    assert!(report.contains(" ring: "), "{report}\n{out}");
+    if find_in_path("gdb").is_some() {
+        assert!(
+            report.lines().any(|l| l.starts_with("#0")),
+            "a stack: {report}"
+        );
+    }
 }

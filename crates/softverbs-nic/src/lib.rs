@@ -9,7 +9,8 @@
 //! - [`types`]: verbs vocabulary (flags, opcodes, statuses, states).
 //! - [`config`], [`device`]: devices, their limits and attributes, the in-process fabric.
 //! - [`shm`], [`ring`]: shared segments and the lock-free slot ring every queue is built on.
-//! - [`cq`], [`rq`], [`keys`]: completion queues, receive queues/SRQs, the memory-key table;
+//! - [`cq`], [`rq`], [`keys`]: completion queues (rings, channels, the arm/event protocol in
+//!   `cq::notify`), receive queues/SRQs, the memory-key table;
 //!   [`compact`]: the seed's compact completion records.
 //! - [`objects`], [`qp`], [`wr`]: contexts, PDs, MRs, AHs, queue pairs, work requests.
 //! - `exec`, `mem`: executing a work request, and the memory accessor that moves bytes.
@@ -17,6 +18,7 @@
 //! - [`layout`]: non-contiguous layouts (seed 002): SG, interleaved, page lists, nesting;
 //!   [`mrlayout`]: layouts in the key table, shared with peers, resolved on the data path.
 //! - `progress`: the timer thread for RNR and ACK retries.
+//! - [`inspect`]: another process's CQ rings and threads, read through `/proc` (hang reports).
 
 pub mod clock;
 pub mod compact;
@@ -26,6 +28,7 @@ pub mod device;
 pub mod error;
 pub mod event;
 mod exec;
+pub mod inspect;
 pub mod keys;
 pub mod layout;
 mod mem;

@@ -145,6 +145,15 @@ impl Ring {
         tail.saturating_sub(head) as u32
     }
 
+    /// The consumer and producer indices (a snapshot): entries taken so far, and slots claimed
+    /// so far (published or not).
+    pub fn indices(&self) -> (u64, u64) {
+        (
+            self.head().load(Ordering::Acquire),
+            self.tail().load(Ordering::Acquire),
+        )
+    }
+
     /// Entries ready to be taken from the head, up to `max` (a snapshot). Each is looked at
     /// with acquire ordering, so whatever their producers wrote before them is visible after.
     pub fn ready(&self, max: usize) -> usize {

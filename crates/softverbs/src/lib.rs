@@ -76,6 +76,10 @@ pub use softverbs_nic::{Error, GRH_LEN};
 /// output and its `get_offsetof*`, `get*` and `get_size` helpers.
 pub use softverbs_nic::compact;
 
+/// Another process's completion queues and threads, read through `/proc`: what a hung RDMA
+/// program is waiting for (`softverbs inspect PID` prints it).
+pub use softverbs_nic::inspect;
+
 /// `Result` with the verbs [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

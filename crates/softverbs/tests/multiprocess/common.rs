@@ -184,26 +184,13 @@ pub fn ack_timeout(timeout: u8) -> Duration {
     Duration::from_nanos(4096u64 << timeout)
 }
 
-/// Each thread of process `pid`: `(tid, name, state letter)` from `/proc/<pid>/task/*/stat`.
+/// Each thread of process `pid`: `(tid, name, state letter)`.
 pub fn thread_states(pid: u32) -> Vec<(u32, String, char)> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in dir.flatten() {
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
-            continue;
-        };
-        // "tid (comm) S ...": the name may hold spaces and parentheses; the state follows
-        // the last ')'.
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let tid = stat[..open].trim().parse().unwrap_or(0);
-        let state = stat[close + 1..].trim_start().chars().next().unwrap_or('?');
-        out.push((tid, stat[open + 1..close].to_string(), state));
-    }
-    out
+    inspect::process(pid)
+        .threads
+        .into_iter()
+        .map(|t| (t.tid, t.name, t.state))
+        .collect()
 }
 
 /// The state letter of process `pid` (`R`, `S`, `T` stopped, `Z`…), `None` if it is gone.

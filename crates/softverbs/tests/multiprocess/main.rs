@@ -14,6 +14,7 @@ mod atomics;
 mod channel;
 mod cleanup;
 mod cq;
+mod events;
 mod failure;
 mod noncontig;
 mod one_sided;

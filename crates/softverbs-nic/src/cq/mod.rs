@@ -1,11 +1,17 @@
-//! Completion queues: a [`Ring`] of [`Cqe`]s plus arming and completion channels.
+//! Completion queues: a [`Ring`] of [`Cqe`]s (two or more after a resize that peers had
+//! mapped), the completion channels CQs report to (`channel`), and the protocol by which
+//! arming, completing and collecting events agree across processes (`notify`).
+
+mod channel;
+mod notify;
+
+pub use channel::Channel;
 
 use crate::compact::Layout;
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, AsyncQueue, Doorbell, EventElement};
+use crate::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::ring::{InPlace, Ring, SlotPayload};
 use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
-use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -63,10 +69,8 @@ impl Cqe {
     }
 }
 
-const ARM_NONE: u32 = 0;
-const ARM_NEXT: u32 = 1;
-const ARM_SOLICITED: u32 = 2;
 // Header words of the ring that belong to the CQ; peers that push completions use them too.
+/// The arm (`notify::ARM_*`).
 const W_ARM: usize = 0;
 const W_OVERRUN: usize = 1;
 /// Set (to the arm mode that fired) when an armed CQ fired; the channel's owner collects it.
@@ -76,6 +80,10 @@ pub(crate) const W_ID: usize = 3;
 /// Set when a resize replaced this ring: peers then look up the CQ's current ring in the QP
 /// context and complete there (see [`Rings`]).
 pub(crate) const W_MOVED: usize = 4;
+/// 1 when the CQ has a completion channel. It is set at creation and never changes, and a CQ
+/// without a channel cannot be armed, so producers into such a CQ (busy-polled ones) skip the
+/// arm check and its fence.
+const W_CHANNEL: usize = 5;
 
 /// What pushing a completion into a CQ ring asks of the pusher.
 pub(crate) enum Pushed {
@@ -85,7 +93,8 @@ pub(crate) enum Pushed {
     Lost { first: bool },
 }
 
-/// Pushes `cqe` into a CQ ring, ours or a peer's, following the arming rules.
+/// Pushes `cqe` into a CQ ring, ours or a peer's, following the arming rules
+/// ([`notify`]).
 pub(crate) fn push_ring(ring: &Ring, cqe: &Cqe) -> Pushed {
     let words = ring.user_words();
     if ring.push(cqe).is_err() {
@@ -93,128 +102,83 @@ pub(crate) fn push_ring(ring: &Ring, cqe: &Cqe) -> Pushed {
             first: words[W_OVERRUN].swap(1, Ordering::AcqRel) == 0,
         };
     }
-    // SeqCst pairs with `req_notify`: either we see the arm, or the consumer's re-poll after
-    // arming sees this completion.
-    let arm = &words[W_ARM];
-    let armed = arm.load(Ordering::SeqCst);
-    let wanted = armed == ARM_NEXT
-        || (armed == ARM_SOLICITED
-            && (cqe.solicited != 0 || cqe.status != WcStatus::Success as u8));
-    let notify = wanted && arm.swap(ARM_NONE, Ordering::SeqCst) != ARM_NONE;
-    if notify {
-        words[W_EVENT].store(armed, Ordering::Release);
-    }
+    let notify = words[W_CHANNEL].load(Ordering::Relaxed) != 0
+        && notify::fire(
+            ring,
+            cqe.solicited != 0 || cqe.status != WcStatus::Success as u8,
+        );
     Pushed::Queued { notify }
 }
 
-/// A completion channel: the CQs armed on it flag themselves and ring its doorbell.
-pub struct Channel {
-    bell: Doorbell,
-    cqs: Mutex<Vec<Weak<Cq>>>,
-    ready: Mutex<VecDeque<Arc<Cq>>>,
+/// What a CQ ring's header says, for explaining a hang (see [`crate::inspect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingState {
+    /// The CQ's device-wide id.
+    pub cq_id: u32,
+    pub capacity: u32,
+    /// Completions taken so far.
+    pub head: u64,
+    /// Slots claimed so far by producers (published or still being written).
+    pub tail: u64,
+    /// Published completions waiting at the head (up to the capacity).
+    pub ready: usize,
+    /// `"none"`, `"next"` or `"solicited"` (or the raw value, if the word holds another).
+    pub arm: String,
+    /// An armed CQ fired and the channel has not taken the event yet.
+    pub event_pending: bool,
+    /// The CQ has a completion channel.
+    pub has_channel: bool,
+    /// A completion was lost to overrun.
+    pub overrun: bool,
+    /// A resize replaced this ring.
+    pub moved: bool,
 }
 
-impl Channel {
-    /// A new channel.
-    pub fn new() -> Result<Arc<Channel>> {
-        Ok(Arc::new(Channel {
-            bell: Doorbell::new()?,
-            cqs: Mutex::new(Vec::new()),
-            ready: Mutex::new(VecDeque::new()),
-        }))
-    }
-
-    /// The channel's file descriptor: readable while an event is waiting.
-    pub fn fd(&self) -> rustix::fd::BorrowedFd<'_> {
-        self.bell.fd()
-    }
-
-    /// The doorbell, for peers that complete into CQs of this channel.
-    pub(crate) fn bell(&self) -> &Doorbell {
-        &self.bell
-    }
-
-    fn attach(&self, cq: &Arc<Cq>) {
-        let mut cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
-        cqs.retain(|w| w.strong_count() > 0);
-        cqs.push(Arc::downgrade(cq));
-    }
-
-    /// Moves the CQs that fired into `ready`.
-    ///
-    /// A CQ whose completions were all polled before its event is collected (the program
-    /// re-armed, then drained a completion that had already fired the arm) gets no event:
-    /// it is armed again as it was, so the event the program waits for is one with news. On
-    /// hardware such stale events are rare; here a completion lands within nanoseconds of its
-    /// send, so programs like `ibv_rc_pingpong -e -t`, which treat an empty CQ after an event
-    /// as fatal, would meet them every time.
-    fn collect(&self, ready: &mut VecDeque<Arc<Cq>>) {
-        let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
-        for cq in cqs.iter().filter_map(Weak::upgrade) {
-            let ring = cq.read_ring();
-            // Any ring can have fired (peers push into the old ones); all flags are taken.
-            let mode = ring
-                .all()
-                .map(|r| r.user_words()[W_EVENT].swap(0, Ordering::AcqRel))
-                .fold(0, |m, w| if w != 0 { w } else { m });
-            if mode == 0 {
-                continue;
-            }
-            // "Nothing to poll" means no *published* completion in any ring: a producer
-            // between claiming a slot and publishing it (a peer descheduled mid-push, say) must
-            // not make the CQ look non-empty, or the program is woken to an empty poll. That
-            // producer checks its ring's arm after publishing, so the re-arm below catches it.
-            let nothing = || ring.all().all(|r| r.ready(1) == 0);
-            if nothing() {
-                for r in ring.all() {
-                    let arm = &r.user_words()[W_ARM];
-                    let _ =
-                        arm.compare_exchange(ARM_NONE, mode, Ordering::SeqCst, Ordering::SeqCst);
-                }
-                // Still nothing: armed again, any later completion fires.
-                if nothing() {
-                    continue;
-                }
-                // A completion slipped in before the re-arm and did not fire it: deliver now,
-                // taking the arms back as firing would have; if every arm has fired meanwhile,
-                // those events are coming.
-                let took = ring
-                    .all()
-                    .filter(|r| r.user_words()[W_ARM].swap(ARM_NONE, Ordering::SeqCst) != ARM_NONE)
-                    .count();
-                if took == 0 {
-                    continue;
-                }
-            }
-            drop(ring);
-            ready.push_back(cq);
+impl RingState {
+    /// Reads `ring`'s header and indices (each word a snapshot of its own).
+    pub fn of(ring: &Ring) -> RingState {
+        let w = |i: usize| ring.user_words()[i].load(Ordering::Acquire);
+        let (head, tail) = ring.indices();
+        RingState {
+            cq_id: w(W_ID),
+            capacity: ring.capacity(),
+            head,
+            tail,
+            ready: ring.ready(ring.capacity() as usize),
+            arm: match w(W_ARM) {
+                notify::ARM_NONE => "none".into(),
+                notify::ARM_NEXT => "next".into(),
+                notify::ARM_SOLICITED => "solicited".into(),
+                other => other.to_string(),
+            },
+            event_pending: w(W_EVENT) != 0,
+            has_channel: w(W_CHANNEL) != 0,
+            overrun: w(W_OVERRUN) != 0,
+            moved: w(W_MOVED) != 0,
         }
     }
+}
 
-    /// The next CQ that raised an event; with `blocking`, waits for one.
-    pub fn get_event(&self, blocking: bool) -> Result<Arc<Cq>> {
-        loop {
-            {
-                let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
-                self.collect(&mut ready);
-                if ready.is_empty() {
-                    // Drain, then look again: a flag set before a ring we drained is seen now.
-                    self.bell.drain();
-                    self.collect(&mut ready);
-                }
-                if let Some(cq) = ready.pop_front() {
-                    if !ready.is_empty() {
-                        self.bell.ring();
-                    }
-                    cq.events_delivered.fetch_add(1, Ordering::Relaxed);
-                    return Ok(cq);
-                }
-            }
-            if !blocking {
-                return Err(Error::WouldBlock);
-            }
-            self.bell.wait()?;
-        }
+impl std::fmt::Display for RingState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cq {} ring: {} slots, head {} tail {} ({} published at the head), arm {}, event {}{}{}{}",
+            self.cq_id,
+            self.capacity,
+            self.head,
+            self.tail,
+            self.ready,
+            self.arm,
+            if self.event_pending {
+                "pending"
+            } else {
+                "none"
+            },
+            if self.has_channel { "" } else { ", no channel" },
+            if self.overrun { ", OVERRUN" } else { "" },
+            if self.moved { ", moved (resized)" } else { "" },
+        )
     }
 }
 
@@ -307,6 +271,7 @@ impl Cq {
     ) -> Result<Arc<Cq>> {
         let ring = Ring::new("softverbs-cq", cqe, std::mem::size_of::<Cqe>())?;
         ring.user_words()[W_ID].store(id, Ordering::Release);
+        ring.user_words()[W_CHANNEL].store(u32::from(channel.is_some()), Ordering::Release);
         let cq = Arc::new(Cq {
             id,
             ring: RwLock::new(Rings {
@@ -368,7 +333,7 @@ impl Cq {
         match pushed {
             Pushed::Queued { notify } => {
                 if notify && let Some(ch) = &self.channel {
-                    ch.bell.ring();
+                    ch.bell().ring();
                 }
                 true
             }
@@ -602,19 +567,8 @@ impl Cq {
         if self.channel.is_none() {
             return Err(inval("CQ has no completion channel"));
         }
-        let want = if solicited_only {
-            ARM_SOLICITED
-        } else {
-            ARM_NEXT
-        };
         // Every ring: peers push into old rings too.
-        for ring in self.read_ring().all() {
-            let arm = &ring.user_words()[W_ARM];
-            // Arming for "next" overrides a "solicited" arm, never the reverse.
-            let _ = arm.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
-                (cur != ARM_NEXT).then_some(want)
-            });
-        }
+        notify::arm(self.read_ring().all(), solicited_only);
         Ok(())
     }
 
@@ -937,9 +891,7 @@ mod tests {
         );
         // The peer publishes, then checks the arm as `push_ring` does: re-armed, it fires.
         ring.publish_claimed(pos, &cqe(2));
-        let arm = &ring.user_words()[W_ARM];
-        assert_eq!(arm.swap(ARM_NONE, Ordering::SeqCst), ARM_NEXT, "re-armed");
-        ring.user_words()[W_EVENT].store(ARM_NEXT, Ordering::Release);
+        assert!(notify::fire(&*ring, false), "re-armed");
         let got = ch.get_event(false).unwrap();
         assert!(Arc::ptr_eq(&got, &c));
         assert_eq!(c.poll(&mut out), 1);
