@@ -1,0 +1,1 @@
+//! (wire formats: in progress)
