@@ -18,3 +18,23 @@
 pub mod sim;
 pub mod transport;
 pub mod wire;
+
+/// A point in time as the caller's clock gives it: nanoseconds since an epoch of the caller's
+/// choice (a real clock's, or a simulator's virtual one). The core never reads a clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Time(pub u64);
+
+impl Time {
+    /// `self` plus `d`, saturating at the end of time.
+    pub fn after(self, d: std::time::Duration) -> Time {
+        Time(
+            self.0
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+
+    /// How long after `earlier` this is (zero if it is not after).
+    pub fn since(self, earlier: Time) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
