@@ -42,29 +42,33 @@ if ! command -v cargo >/dev/null 2>&1; then
     fi
 fi
 
-# --- System packages: rdma-core's tools, run over the drop-in libibverbs.so.1 ---------------
-# ibverbs-utils (ibv_devices, ibv_devinfo, ibv_*_pingpong), perftest (ib_write_lat, ...) and
-# libibverbs-dev (verbs.h, for the struct-layout test). Installed from Debian when running as
-# root; without them those tests are skipped, except under CI=true, where this stops here.
+# --- System packages: real clients and independent oracles ---------------------------------
+# ibverbs-utils (ibv_devices, ibv_devinfo, ibv_*_pingpong) and perftest (ib_write_lat, ...),
+# run over the drop-in libibverbs.so.1; libibverbs-dev (verbs.h, for the struct-layout test);
+# python3-scapy (its RoCE layer computes the ICRC independently of ours). Installed from
+# Debian when running as root; without them those tests are skipped, except under CI=true,
+# where this stops here.
+packages=(ibverbs-utils perftest libibverbs-dev python3-scapy)
 rdma_tools=(ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_lat)
-rdma_missing() {
+packages_missing() {
     local t
     for t in "${rdma_tools[@]}"; do
         command -v "$t" >/dev/null 2>&1 || return 0
     done
-    [[ ! -f /usr/include/infiniband/verbs.h ]]
+    [[ ! -f /usr/include/infiniband/verbs.h ]] ||
+        ! /usr/bin/python3 -c 'import scapy.contrib.roce' >/dev/null 2>&1
 }
-if rdma_missing && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+if packages_missing && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
     run apt-get update -q || true
     run env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        ibverbs-utils perftest libibverbs-dev || true
+        "${packages[@]}" || true
 fi
-if rdma_missing; then
-    hint="Install them with: sudo apt-get install ibverbs-utils perftest libibverbs-dev"
+if packages_missing; then
+    hint="Install them with: sudo apt-get install ${packages[*]}"
     if $ci; then
-        missing "${rdma_tools[*]} / infiniband/verbs.h" "$hint"
+        missing "${rdma_tools[*]} / infiniband/verbs.h / python3 scapy" "$hint"
     fi
-    printf 'scripts/test.sh: rdma-core tools missing; their tests will be skipped. %s\n' "$hint" >&2
+    printf 'scripts/test.sh: test packages missing; their tests will be skipped. %s\n' "$hint" >&2
 fi
 
 # --- Build once, then test on that build ---------------------------------------------------

@@ -1,0 +1,263 @@
+//! Whole packets: the transport headers one opcode calls for, and the IP/UDP datagram around
+//! them with its ICRC.
+
+use super::{
+    Aeth, AtomicAckEth, AtomicEth, Bth, Deth, ICRC_LEN, IpRepr, ROCE_PORT, Reth, Transport,
+    UdpRepr, WireError, be32, icrc, room, take,
+};
+
+/// The transport headers of one packet: the BTH and the extension headers its opcode calls
+/// for (exactly those: [`check`](Self::check)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Headers {
+    pub bth: Bth,
+    pub deth: Option<Deth>,
+    pub reth: Option<Reth>,
+    pub atomic_eth: Option<AtomicEth>,
+    pub aeth: Option<Aeth>,
+    pub atomic_ack_eth: Option<AtomicAckEth>,
+    /// Immediate data (ImmDt), as the sender gave it.
+    pub imm: Option<u32>,
+    /// The R_Key to invalidate (IETH).
+    pub ieth: Option<u32>,
+}
+
+impl Headers {
+    /// Just the BTH; add the extension headers its opcode needs.
+    pub fn new(bth: Bth) -> Headers {
+        Headers {
+            bth,
+            deth: None,
+            reth: None,
+            atomic_eth: None,
+            aeth: None,
+            atomic_ack_eth: None,
+            imm: None,
+            ieth: None,
+        }
+    }
+
+    /// Bytes of headers (BTH and extensions).
+    pub fn len(&self) -> usize {
+        Bth::LEN
+            + self.deth.map_or(0, |_| Deth::LEN)
+            + self.reth.map_or(0, |_| Reth::LEN)
+            + self.atomic_eth.map_or(0, |_| AtomicEth::LEN)
+            + self.aeth.map_or(0, |_| Aeth::LEN)
+            + self.atomic_ack_eth.map_or(0, |_| AtomicAckEth::LEN)
+            + self.imm.map_or(0, |_| 4)
+            + self.ieth.map_or(0, |_| 4)
+    }
+
+    /// Always false: there is a BTH.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Checks that exactly the extension headers the opcode calls for are present.
+    pub fn check(&self) -> Result<(), WireError> {
+        let op = self.bth.opcode.op;
+        let ud = self.bth.opcode.transport == Transport::Ud;
+        let want = [
+            (self.deth.is_some(), ud, "DETH"),
+            (self.reth.is_some(), op.has_reth(), "RETH"),
+            (self.atomic_eth.is_some(), op.is_atomic(), "AtomicETH"),
+            (self.aeth.is_some(), op.has_aeth(), "AETH"),
+            (
+                self.atomic_ack_eth.is_some(),
+                op == super::Op::AtomicAck,
+                "AtomicAckETH",
+            ),
+            (self.imm.is_some(), op.has_imm(), "ImmDt"),
+            (self.ieth.is_some(), op.has_ieth(), "IETH"),
+        ];
+        match want.iter().find(|(have, need, _)| have != need) {
+            Some((_, _, name)) => Err(WireError::HeaderMismatch(name)),
+            None => Ok(()),
+        }
+    }
+
+    /// Parses the transport part of a packet, BTH to the end of the pad (the ICRC already
+    /// taken off): the headers and the payload without its pad.
+    pub fn parse(bytes: &[u8]) -> Result<(Headers, &[u8]), WireError> {
+        let bth = Bth::parse(bytes)?;
+        let op = bth.opcode.op;
+        let mut h = Headers::new(bth);
+        let mut at = Bth::LEN;
+        let mut next = |n: usize, what: &'static str| -> Result<&[u8], WireError> {
+            let b = take(bytes, at, n, what)?;
+            at += n;
+            Ok(b)
+        };
+        if bth.opcode.transport == Transport::Ud {
+            h.deth = Some(Deth::parse(next(Deth::LEN, "DETH")?)?);
+        }
+        if op.has_reth() {
+            h.reth = Some(Reth::parse(next(Reth::LEN, "RETH")?)?);
+        }
+        if op.is_atomic() {
+            h.atomic_eth = Some(AtomicEth::parse(next(AtomicEth::LEN, "AtomicETH")?)?);
+        }
+        if op.has_aeth() {
+            h.aeth = Some(Aeth::parse(next(Aeth::LEN, "AETH")?)?);
+        }
+        if op == super::Op::AtomicAck {
+            h.atomic_ack_eth = Some(AtomicAckEth::parse(next(
+                AtomicAckEth::LEN,
+                "AtomicAckETH",
+            )?)?);
+        }
+        if op.has_imm() {
+            h.imm = Some(be32(next(4, "ImmDt")?));
+        }
+        if op.has_ieth() {
+            h.ieth = Some(be32(next(4, "IETH")?));
+        }
+        let rest = &bytes[at..];
+        if rest.len() % 4 != 0 {
+            return Err(WireError::Unaligned(rest.len()));
+        }
+        let pad = usize::from(bth.pad);
+        if !op.has_payload() && (!rest.is_empty() || pad != 0) {
+            return Err(WireError::UnexpectedPayload {
+                opcode: bth.opcode.to_u8(),
+                len: rest.len(),
+            });
+        }
+        if pad > rest.len() {
+            return Err(WireError::Pad {
+                pad: bth.pad,
+                len: rest.len(),
+            });
+        }
+        Ok((h, &rest[..rest.len() - pad]))
+    }
+
+    /// Emits the headers, `payload` and its pad into `buf` (the BTH's pad count is set from
+    /// the payload's length); returns the bytes written.
+    pub fn emit(&self, payload: &[u8], buf: &mut [u8]) -> Result<usize, WireError> {
+        self.check()?;
+        if !self.bth.opcode.op.has_payload() && !payload.is_empty() {
+            return Err(WireError::UnexpectedPayload {
+                opcode: self.bth.opcode.to_u8(),
+                len: payload.len(),
+            });
+        }
+        let pad = (4 - payload.len() % 4) % 4;
+        let total = self.len() + payload.len() + pad;
+        let b = room(buf, 0, total)?;
+        let mut bth = self.bth;
+        bth.pad = pad as u8;
+        let mut at = bth.emit(b)?;
+        if let Some(x) = self.deth {
+            at += x.emit(&mut b[at..])?;
+        }
+        if let Some(x) = self.reth {
+            at += x.emit(&mut b[at..])?;
+        }
+        if let Some(x) = self.atomic_eth {
+            at += x.emit(&mut b[at..])?;
+        }
+        if let Some(x) = self.aeth {
+            at += x.emit(&mut b[at..])?;
+        }
+        if let Some(x) = self.atomic_ack_eth {
+            at += x.emit(&mut b[at..])?;
+        }
+        for word in [self.imm, self.ieth].into_iter().flatten() {
+            b[at..at + 4].copy_from_slice(&word.to_be_bytes());
+            at += 4;
+        }
+        b[at..at + payload.len()].copy_from_slice(payload);
+        at += payload.len();
+        b[at..at + pad].fill(0);
+        Ok(at + pad)
+    }
+}
+
+/// A whole RoCEv2 packet, parsed: IP header to ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Datagram<'a> {
+    pub ip: IpRepr,
+    /// The IP header's bytes as they arrived (a UD receive places them in its GRH room).
+    pub ip_header: &'a [u8],
+    pub udp: UdpRepr,
+    pub headers: Headers,
+    /// The payload, without its pad.
+    pub payload: &'a [u8],
+}
+
+impl<'a> Datagram<'a> {
+    /// Parses and checks a datagram: IP and UDP (to port 4791), the transport headers, and
+    /// the ICRC.
+    pub fn parse(bytes: &'a [u8]) -> Result<Datagram<'a>, WireError> {
+        let (ip, ip_header, ip_payload) = IpRepr::parse(bytes)?;
+        let (udp, udp_payload) = UdpRepr::parse(&ip, ip_payload)?;
+        if udp.dst_port != ROCE_PORT {
+            return Err(WireError::NotRoce(udp.dst_port));
+        }
+        let n = udp_payload.len();
+        if n < Bth::LEN + ICRC_LEN {
+            return Err(WireError::Truncated {
+                what: "BTH and ICRC",
+                need: Bth::LEN + ICRC_LEN,
+                have: n,
+            });
+        }
+        let (transport, crc) = udp_payload.split_at(n - ICRC_LEN);
+        let got = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+        let computed = icrc::compute(ip_header, &ip_payload[..UdpRepr::LEN], transport);
+        if got != computed {
+            return Err(WireError::Icrc { got, computed });
+        }
+        let (headers, payload) = Headers::parse(transport)?;
+        Ok(Datagram {
+            ip,
+            ip_header,
+            udp,
+            headers,
+            payload,
+        })
+    }
+}
+
+/// Emits a whole packet into `buf`: `ip` (its lengths and checksum filled in), UDP from
+/// `src_port` to 4791 (checksummed over IPv6, where a zero checksum is not allowed; zero over
+/// IPv4, as RoCEv2 senders do), `headers`, `payload` with its pad, and the ICRC. Returns the
+/// datagram's length.
+pub fn emit_datagram(
+    ip: &IpRepr,
+    src_port: u16,
+    headers: &Headers,
+    payload: &[u8],
+    buf: &mut [u8],
+) -> Result<usize, WireError> {
+    let ip_len = ip.len();
+    let transport_len = headers.len() + payload.len().next_multiple_of(4);
+    let udp_len = UdpRepr::LEN + transport_len + ICRC_LEN;
+    let total = ip_len + udp_len;
+    room(buf, 0, total)?;
+    ip.emit(udp_len, buf)?;
+    let at = ip_len + UdpRepr::LEN;
+    let written = headers.emit(payload, &mut buf[at..])?;
+    debug_assert_eq!(written, transport_len);
+    let udp = UdpRepr {
+        src_port,
+        dst_port: ROCE_PORT,
+    };
+    let (head, rest) = buf.split_at_mut(ip_len);
+    udp.emit(ip, udp_len - UdpRepr::LEN, false, rest)?;
+    let crc = icrc::compute(
+        head,
+        &rest[..UdpRepr::LEN],
+        &rest[UdpRepr::LEN..UdpRepr::LEN + transport_len],
+    );
+    rest[udp_len - ICRC_LEN..udp_len].copy_from_slice(&crc.to_le_bytes());
+    if matches!(ip, IpRepr::V6(_)) {
+        udp.emit(ip, udp_len - UdpRepr::LEN, true, rest)?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests;
