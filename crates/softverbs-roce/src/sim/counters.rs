@@ -54,7 +54,27 @@ pub struct Counters {
     pub invalid: Tally,
 }
 
+impl Tally {
+    fn absorb(&mut self, other: Tally) {
+        self.datagrams += other.datagrams;
+        self.bytes = self.bytes.saturating_add(other.bytes);
+    }
+}
+
 impl Counters {
+    /// Adds `other`'s counts to these.
+    pub(crate) fn absorb(&mut self, other: &Counters) {
+        self.sent.absorb(other.sent);
+        self.delivered.absorb(other.delivered);
+        self.lost.absorb(other.lost);
+        self.duplicated.absorb(other.duplicated);
+        self.reordered.absorb(other.reordered);
+        self.corrupted.absorb(other.corrupted);
+        self.tail_dropped.absorb(other.tail_dropped);
+        self.unroutable.absorb(other.unroutable);
+        self.invalid.absorb(other.invalid);
+    }
+
     /// Datagrams accepted but not yet delivered or dropped, from the counts alone.
     pub fn in_flight(&self) -> u64 {
         (self.sent.datagrams + self.duplicated.datagrams).saturating_sub(

@@ -289,7 +289,7 @@ impl Link {
         let corrupted = (corrupt || forced.corrupt)
             && flip_bits(datagram, f.corrupt_offset, f.corrupt_max_bits, &mut rng);
 
-        let mut at = cfg_arrival(finish, cfg.latency, if jitter { jitter_ns } else { 0 });
+        let mut at = arrival_time(finish, cfg.latency, if jitter { jitter_ns } else { 0 });
         let reordered = reorder || forced.delayed;
         if reordered {
             at = add_ns(at, if reorder { reorder_ns } else { 0 });
@@ -308,7 +308,7 @@ impl Link {
     }
 }
 
-fn cfg_arrival(finish: Time, latency: Duration, jitter_ns: u64) -> Time {
+fn arrival_time(finish: Time, latency: Duration, jitter_ns: u64) -> Time {
     add_ns(add_ns(finish, nanos(latency)), jitter_ns)
 }
 

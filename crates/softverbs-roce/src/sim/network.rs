@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::net::IpAddr;
 
 use super::Node;
-use super::counters::{Counters, Tally};
+use super::counters::Counters;
 use super::link::{Fate, Link, LinkConfig, ScheduledFault};
 use super::pcap::{PcapWriter, Resolution};
 use crate::Time;
@@ -589,16 +589,11 @@ impl<N: Node> Network<N> {
             .or_insert_with(|| Link::new(seed, from.0, to.0));
         link.counters.sent.add(len);
         let fate = link.offer(&self.default_link, now, &mut datagram);
-        let both =
-            |link: &mut Counters, totals: &mut Counters, pick: fn(&mut Counters) -> &mut Tally| {
-                pick(link).add(len);
-                pick(totals).add(len);
-            };
+        // What this datagram adds to the link's counters and the network's alike.
+        let mut outcome = Counters::default();
         match fate {
-            Fate::TailDropped => both(&mut link.counters, &mut self.totals, |c| {
-                &mut c.tail_dropped
-            }),
-            Fate::Lost => both(&mut link.counters, &mut self.totals, |c| &mut c.lost),
+            Fate::TailDropped => outcome.tail_dropped.add(len),
+            Fate::Lost => outcome.lost.add(len),
             Fate::Delivered {
                 corrupted,
                 reordered,
@@ -606,16 +601,18 @@ impl<N: Node> Network<N> {
                 ..
             } => {
                 if corrupted {
-                    both(&mut link.counters, &mut self.totals, |c| &mut c.corrupted);
+                    outcome.corrupted.add(len);
                 }
                 if reordered {
-                    both(&mut link.counters, &mut self.totals, |c| &mut c.reordered);
+                    outcome.reordered.add(len);
                 }
                 if copy_at.is_some() {
-                    both(&mut link.counters, &mut self.totals, |c| &mut c.duplicated);
+                    outcome.duplicated.add(len);
                 }
             }
         }
+        link.counters.absorb(&outcome);
+        self.totals.absorb(&outcome);
         self.record(now, &datagram);
         if let Fate::Delivered { at, copy_at, .. } = fate {
             if let Some(copy_at) = copy_at {
