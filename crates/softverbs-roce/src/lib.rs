@@ -9,12 +9,15 @@
 //! - [`wire`]: IPv4/IPv6, UDP, the base transport header and its extension headers, the
 //!   invariant CRC; parse and emit on byte slices.
 //! - [`transport`]: per queue pair, the RC requester, completer and responder, and the UC
-//!   and UD paths; memory and receive queues through a narrow interface.
+//!   and UD paths; memory through a narrow interface.
+//! - [`endpoint`]: a host's QPs behind one address: datagrams in and out, demultiplexed by
+//!   destination QP, with every refused datagram counted.
 //! - [`sim`]: a virtual clock, links with latency, bandwidth and seeded faults, and a pcap
 //!   writer, for tests.
 
 #![forbid(unsafe_code)]
 
+pub mod endpoint;
 pub mod sim;
 pub mod transport;
 pub mod wire;

@@ -1,0 +1,218 @@
+//! A host's RoCEv2 endpoint without I/O: the QPs behind one IP address, the datagrams they
+//! exchange, and what is dropped on the way in.
+//!
+//! Everything that arrives is parsed and its ICRC checked before any QP sees it; it then goes
+//! to the QP its BTH names, which takes it only from its peer and within its PSN window.
+//! Whatever is refused is counted by reason. The caller moves datagrams and time: a UDP
+//! socket and a clock in the NIC, the simulator in tests.
+
+use crate::Time;
+use crate::transport::{Event, Memory, Qp, QpConfig};
+use crate::wire::{Datagram, IpRepr, WireError, emit_datagram};
+use std::collections::{BTreeMap, VecDeque};
+use std::net::IpAddr;
+
+/// Why datagrams were dropped before reaching a QP, and how much went each way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointCounters {
+    pub datagrams_received: u64,
+    pub datagrams_sent: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    /// The invariant CRC did not match (corrupted on the way, or forged).
+    pub icrc_errors: u64,
+    /// Not a well-formed RoCEv2 packet (any other parse error).
+    pub malformed: u64,
+    /// Addressed to another host.
+    pub not_ours: u64,
+    /// For a QP number this endpoint does not have.
+    pub unknown_qp: u64,
+}
+
+/// Adding a QP failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    #[error("QP number {0:#x} is taken")]
+    QpnTaken(u32),
+    #[error("QP number {0:#x} does not fit 24 bits")]
+    BadQpn(u32),
+}
+
+/// The QPs of one host address, over memory `M`.
+pub struct Endpoint<M: Memory> {
+    addr: IpAddr,
+    qps: BTreeMap<u32, Qp>,
+    /// The host's registered memory, which its QPs reach.
+    pub mem: M,
+    counters: EndpointCounters,
+    /// QP numbers in the order `poll_transmit` asks them next (round robin).
+    turn: VecDeque<u32>,
+    payload: Vec<u8>,
+    events: VecDeque<(u32, Event)>,
+    ident: u16,
+}
+
+impl<M: Memory> Endpoint<M> {
+    /// An endpoint at `addr` with no QPs.
+    pub fn new(addr: IpAddr, mem: M) -> Endpoint<M> {
+        Endpoint {
+            addr,
+            qps: BTreeMap::new(),
+            mem,
+            counters: EndpointCounters::default(),
+            turn: VecDeque::new(),
+            payload: vec![0; 4096],
+            events: VecDeque::new(),
+            ident: 0,
+        }
+    }
+
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    pub fn counters(&self) -> &EndpointCounters {
+        &self.counters
+    }
+
+    /// Adds a QP in the ready-to-send state.
+    pub fn add_qp(&mut self, cfg: QpConfig) -> Result<(), EndpointError> {
+        let qpn = cfg.qpn;
+        if qpn >> 24 != 0 {
+            return Err(EndpointError::BadQpn(qpn));
+        }
+        if self.qps.contains_key(&qpn) {
+            return Err(EndpointError::QpnTaken(qpn));
+        }
+        self.qps.insert(qpn, Qp::new(cfg));
+        self.turn.push_back(qpn);
+        Ok(())
+    }
+
+    pub fn qp(&self, qpn: u32) -> Option<&Qp> {
+        self.qps.get(&qpn)
+    }
+
+    pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
+        self.qps.get_mut(&qpn)
+    }
+
+    /// Every QP, by number.
+    pub fn qps(&self) -> impl Iterator<Item = &Qp> {
+        self.qps.values()
+    }
+
+    /// A datagram arrived.
+    pub fn handle_datagram(&mut self, now: Time, bytes: &[u8]) {
+        self.counters.datagrams_received += 1;
+        self.counters.bytes_received += bytes.len() as u64;
+        let d = match Datagram::parse(bytes) {
+            Ok(d) => d,
+            Err(WireError::Icrc { .. }) => {
+                self.counters.icrc_errors += 1;
+                return;
+            }
+            Err(_) => {
+                self.counters.malformed += 1;
+                return;
+            }
+        };
+        if d.ip.dst() != self.addr {
+            self.counters.not_ours += 1;
+            return;
+        }
+        let Some(qp) = self.qps.get_mut(&d.headers.bth.dest_qp) else {
+            self.counters.unknown_qp += 1;
+            return;
+        };
+        qp.handle_packet(now, &mut self.mem, &d);
+        Self::drain_events(qp, &mut self.events);
+    }
+
+    /// The next datagram to send, written into `buf`: its destination and length.
+    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(IpAddr, usize)> {
+        for _ in 0..self.turn.len() {
+            let qpn = self.turn.pop_front()?;
+            self.turn.push_back(qpn);
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            let t = qp.poll_transmit(now, &self.mem, &mut self.payload);
+            Self::drain_events(qp, &mut self.events);
+            let Some(t) = t else { continue };
+            let Some(mut ip) = IpRepr::between(self.addr, t.dst) else {
+                continue;
+            };
+            self.ident = self.ident.wrapping_add(1);
+            if let IpRepr::V4(h) = &mut ip {
+                h.ident = self.ident;
+            }
+            match emit_datagram(
+                &ip,
+                t.src_port,
+                &t.headers,
+                &self.payload[..t.payload_len],
+                buf,
+            ) {
+                Ok(n) => {
+                    self.counters.datagrams_sent += 1;
+                    self.counters.bytes_sent += n as u64;
+                    return Some((t.dst, n));
+                }
+                // The caller's buffer cannot hold a packet of our MTU: a bug of the caller's;
+                // the packet is lost and retransmission covers it.
+                Err(_) => continue,
+            }
+        }
+        None
+    }
+
+    pub fn handle_timeout(&mut self, now: Time) {
+        for qp in self.qps.values_mut() {
+            if qp.poll_timeout().is_some_and(|t| t <= now) {
+                qp.handle_timeout(now);
+                Self::drain_events(qp, &mut self.events);
+            }
+        }
+    }
+
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.qps.values().filter_map(Qp::poll_timeout).min()
+    }
+
+    /// The next completion or error of any QP, with the QP's number.
+    pub fn poll_event(&mut self) -> Option<(u32, Event)> {
+        self.events.pop_front()
+    }
+
+    /// Posts to QP `qpn` (events it raises at once, such as flushes, are queued).
+    pub fn with_qp<R>(&mut self, qpn: u32, f: impl FnOnce(&mut Qp) -> R) -> Option<R> {
+        let qp = self.qps.get_mut(&qpn)?;
+        let r = f(qp);
+        Self::drain_events(qp, &mut self.events);
+        Some(r)
+    }
+
+    fn drain_events(qp: &mut Qp, out: &mut VecDeque<(u32, Event)>) {
+        let qpn = qp.qpn();
+        while let Some(e) = qp.poll_event() {
+            out.push_back((qpn, e));
+        }
+    }
+}
+
+/// An endpoint is a host of the simulator.
+impl<M: Memory> crate::sim::Node for Endpoint<M> {
+    fn handle_datagram(&mut self, now: Time, datagram: &[u8]) {
+        Endpoint::handle_datagram(self, now, datagram);
+    }
+    fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<crate::sim::Transmit> {
+        Endpoint::poll_transmit(self, now, buf).map(|(dst, len)| crate::sim::Transmit { len, dst })
+    }
+    fn handle_timeout(&mut self, now: Time) {
+        Endpoint::handle_timeout(self, now);
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        Endpoint::poll_timeout(self)
+    }
+}
