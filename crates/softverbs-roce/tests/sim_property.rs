@@ -296,9 +296,13 @@ fn build(case: &Case, seed: u64, tweak: &dyn Fn(&mut QpConfig)) -> (Network<Logg
     (net, ids)
 }
 
+/// What a completion says that must not depend on the faults.
+type Seen = (u64, WcStatus, WcOpcode, u32, Option<u32>);
+
 #[derive(Debug, PartialEq)]
 struct Outcome {
-    completions: BTreeMap<(usize, u32), Vec<(u64, WcStatus, WcOpcode, u32, Option<u32>)>>,
+    /// By (host, QP number), in the order they came.
+    completions: BTreeMap<(usize, u32), Vec<Seen>>,
     memory: Vec<Vec<Vec<u8>>>,
     atomics: Vec<u64>,
 }
