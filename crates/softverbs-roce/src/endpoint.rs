@@ -180,6 +180,11 @@ impl<M: Memory> Endpoint<M> {
         self.qps.values().filter_map(Qp::poll_timeout).min()
     }
 
+    /// Completions and errors queued and not yet taken with [`poll_event`](Self::poll_event).
+    pub fn pending_events(&self) -> usize {
+        self.events.len()
+    }
+
     /// The next completion or error of any QP, with the QP's number.
     pub fn poll_event(&mut self) -> Option<(u32, Event)> {
         self.events.pop_front()

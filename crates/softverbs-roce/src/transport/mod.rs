@@ -33,6 +33,9 @@ pub use timers::{rnr_timer, transport_timeout};
 use crate::wire::Psn;
 use std::net::IpAddr;
 
+/// The longest message (2^31 bytes, the `max_msg_sz` RoCE devices report).
+pub const MAX_MSG: u64 = 1 << 31;
+
 /// The transport service of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {

@@ -8,7 +8,7 @@ use super::{
     SendWr, WcOpcode, WcStatus,
 };
 use crate::Time;
-use crate::wire::{Datagram, Headers};
+use crate::wire::{Datagram, Headers, Psn};
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
@@ -117,6 +117,22 @@ impl Qp {
 
     pub fn counters(&self) -> &QpCounters {
         &self.shared.counters
+    }
+
+    /// The PSN the responder expects next (`rq_psn` as `ibv_query_qp` reports it).
+    pub fn expected_psn(&self) -> Psn {
+        self.resp.expected_psn()
+    }
+
+    /// The oldest PSN the requester has not had acknowledged, and one past the newest it
+    /// sent: responses outside this window are not for anything it asked.
+    pub fn unacked_psns(&self) -> (Psn, Psn) {
+        self.req.unacked()
+    }
+
+    /// Receive WQEs posted and not yet used.
+    pub fn posted_recvs(&self) -> usize {
+        self.resp.posted()
     }
 
     /// Posts a send work request; in the error state it is flushed at once.

@@ -10,8 +10,8 @@
 
 use super::qp::{Shared, Transmit};
 use super::{
-    Memory, PostError, QpConfig, QpError, QpState, QpType, SendOp, SendWr, WcOpcode, WcStatus,
-    timers,
+    MAX_MSG, Memory, PostError, QpConfig, QpError, QpState, QpType, SendOp, SendWr, WcOpcode,
+    WcStatus, timers,
 };
 use crate::Time;
 use crate::wire::{
@@ -20,8 +20,6 @@ use crate::wire::{
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// The longest message (2^31 bytes, as `max_msg_sz`).
-const MAX_MSG: u64 = 1 << 31;
 /// Besides the last packet of each message, every this many packets asks for an ACK, so a
 /// long message is acknowledged (and its window opens) as it goes.
 const ACK_REQ_EVERY: u32 = 16;
@@ -169,6 +167,10 @@ impl Requester {
         }
         self.deadline = None;
         self.rnr_until = None;
+    }
+
+    pub fn unacked(&self) -> (Psn, Psn) {
+        (self.una, self.frontier)
     }
 
     pub fn poll_timeout(&self) -> Option<Time> {

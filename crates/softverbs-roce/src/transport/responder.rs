@@ -96,6 +96,14 @@ impl Responder {
         }
     }
 
+    pub fn expected_psn(&self) -> Psn {
+        self.epsn
+    }
+
+    pub fn posted(&self) -> usize {
+        self.rq.len()
+    }
+
     pub fn post(&mut self, wr: RecvWr) {
         self.rq.push_back(wr);
     }
@@ -290,7 +298,10 @@ impl Responder {
                         return Err(invalid());
                     };
                     let len = u64::from(reth.len);
-                    if (op.is_only() && n != len) || (op.is_first() && len <= pmtu) {
+                    if len > super::MAX_MSG
+                        || (op.is_only() && n != len)
+                        || (op.is_first() && len <= pmtu)
+                    {
                         return Err(invalid());
                     }
                     // A zero-length WRITE touches no memory, so its key is not checked.
@@ -365,6 +376,9 @@ impl Responder {
                 return Err(invalid());
             }
             let len = u64::from(reth.len);
+            if len > super::MAX_MSG {
+                return Err(invalid());
+            }
             if len > 0
                 && mem
                     .check(pd, reth.rkey, reth.va, len, Access::Read)
