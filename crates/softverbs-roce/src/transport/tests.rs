@@ -610,3 +610,93 @@ fn posting_to_a_failed_qp_flushes_at_once() {
         vec![(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]
     );
 }
+
+#[test]
+fn reads_and_atomics_in_flight_are_limited_by_max_rd_atomic() {
+    for limit in [1u8, 2, 4] {
+        let mut p = pair(QpType::Rc, |c| c.max_rd_atomic = limit);
+        for i in 0..4 {
+            let mut r = SendWr::new(i, SendOp::Read { va: BUF, rkey: 1 });
+            r.sges = local(i * 100, 64);
+            p.send(p.a, r);
+        }
+        // Before any response can be back (2 µs each way): only `limit` requests left.
+        p.net.run_until(Time(3_000)).unwrap();
+        assert_eq!(
+            p.net.link_counters(p.a, p.b).sent.datagrams,
+            u64::from(limit)
+        );
+        p.run();
+        assert_eq!(p.completions(p.a, false).len(), 4);
+    }
+}
+
+#[test]
+fn retry_cnt_7_retries_for_as_long_as_it_takes() {
+    let mut p = pair(QpType::Rc, |c| {
+        c.retry_cnt = 7;
+        c.timeout = 2;
+    });
+    // Down for 200 timeouts' worth, then back.
+    p.net.partition(p.a, p.b, Time(0), Time(200 * 16_384));
+    p.recv(p.b, 1, 0, 64);
+    p.send(p.a, send_wr(1, 0, 16));
+    p.run();
+    assert_eq!(p.completions(p.a, false)[0].status, WcStatus::Success);
+    assert!(p.counters(p.a).timeouts > 100, "{:?}", p.counters(p.a));
+}
+
+#[test]
+fn a_receive_that_cannot_be_written_is_a_remote_operational_error() {
+    let mut p = pair(QpType::Rc, |_| {});
+    p.ep(p.b).with_qp(QB, |qp| {
+        qp.post_recv(RecvWr {
+            wr_id: 3,
+            sges: vec![Sge {
+                addr: RECV,
+                len: 64,
+                lkey: 77,
+            }],
+        })
+    });
+    p.send(p.a, send_wr(1, 0, 8));
+    p.run();
+    assert_eq!(p.completions(p.b, true)[0].status, WcStatus::LocProtErr);
+    assert_eq!(p.completions(p.a, false)[0].status, WcStatus::RemOpErr);
+    assert_eq!((p.state(p.a), p.state(p.b)), (QpState::Err, QpState::Err));
+}
+
+#[test]
+fn packets_of_another_partition_are_dropped() {
+    let mut p = pair(QpType::Rc, |c| c.timeout = 4);
+    // B is in partition 0x1234; A sends with the default P_Key, so B drops every request.
+    let now = p.net.now();
+    let mut cfg = p.net.host(p.b).qp(QB).unwrap().config().clone();
+    cfg.pkey = 0x9234;
+    cfg.qpn = 0x33;
+    p.ep(p.b).add_qp(cfg).unwrap();
+    p.recv(p.b, 1, 0, 64);
+    let mut wr = send_wr(1, 0, 8);
+    wr.signaled = true;
+    let mut cfg_a = p.net.host(p.a).qp(QA).unwrap().config().clone();
+    cfg_a.qpn = 0x44;
+    cfg_a.peer = Some((ip(2), 0x33));
+    cfg_a.retry_cnt = 1;
+    p.ep(p.a).add_qp(cfg_a).unwrap();
+    p.ep(p.a)
+        .with_qp(0x44, |q| q.post_send(now, wr))
+        .unwrap()
+        .unwrap();
+    p.run();
+    let dropped = p.net.host(p.b).qp(0x33).unwrap().counters().dropped;
+    assert_eq!(dropped, 2, "the first transmission and its retry");
+    let c: Vec<_> = p
+        .events
+        .iter()
+        .filter_map(|(_, q, e)| match e {
+            Event::Completion(c) if *q == 0x44 => Some(c.status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(c, vec![WcStatus::RetryExcErr]);
+}
