@@ -14,7 +14,7 @@
 //! budget: the oldest request then fails with `RETRY_EXC_ERR` after exactly `1 + retry_cnt`
 //! transmissions of its oldest unacknowledged packet, and the rest are flushed.
 //!
-//! `SOFTVERBS_SIM_CASES=N` runs N cases (default 1500 in a debug build); a failing case
+//! `SOFTVERBS_SIM_CASES=N` runs N cases (default 2000); a failing case
 //! prints its seed, and `SOFTVERBS_SIM_SEED=S` runs that one alone.
 
 use softverbs_roce::Time;
@@ -63,7 +63,7 @@ fn cases() -> u64 {
     std::env::var("SOFTVERBS_SIM_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1500)
+        .unwrap_or(2000)
 }
 
 fn draw(seed: u64) -> Case {
@@ -158,7 +158,8 @@ fn build(case: &Case, seed: u64, tweak: &dyn Fn(&mut QpConfig)) -> (Network<Logg
         ..LinkConfig::default()
     });
     let n_ops: usize = case.conns.iter().map(|c| c.ops.len()).sum();
-    let room = (case.conns.len() * 8 + n_ops) as u64 * SLOT;
+    // A slot per operation, then a cell per connection for its atomics.
+    let room = n_ops as u64 * SLOT + case.conns.len() as u64 * 8;
     let mut ids = Vec::new();
     for h in 0..case.hosts {
         let mut mem = MemoryModel::default();

@@ -14,6 +14,10 @@ use crate::wire::{
 };
 use std::collections::VecDeque;
 
+/// Answers waiting to be sent, at most: each READ or atomic is answered in turn, so a few per
+/// responder resource is already more than a peer that follows the protocol needs.
+const MAX_REPLIES: usize = 1024;
+
 /// A multi-packet message the responder is in the middle of.
 enum InMessage {
     Send {
@@ -171,6 +175,20 @@ impl Responder {
         let p = h.bth.psn;
         let op = h.bth.opcode.op;
         if op == Op::ReadRequest || op.is_atomic() {
+            // A replayed request already waiting to be answered needs no second answer; and
+            // however many duplicates arrive (a peer retrying, or someone replaying packets),
+            // the answers waiting stay bounded.
+            let queued = self.replies.iter().any(|q| match q {
+                Reply::Read {
+                    first, next, npkts, ..
+                } => p.diff(*next) >= 0 && (p.diff(*first) as u32) < *npkts,
+                Reply::AtomicAck { psn, .. } => *psn == p,
+                _ => false,
+            });
+            if queued || self.replies.len() >= MAX_REPLIES {
+                s.counters.dropped += 1;
+                return;
+            }
             let Some(r) = self
                 .resources
                 .iter()
