@@ -112,11 +112,13 @@ impl MemoryModel {
         self.regions.len() - 1
     }
 
-    fn by_rkey(&self, pd: u32, rkey: u32) -> Result<usize, MemError> {
+    /// The valid region whose key (`key_of` picks the L_Key or the R_Key) is `key`, if it
+    /// belongs to protection domain `pd`.
+    fn find(&self, pd: u32, key: u32, key_of: fn(&Region) -> u32) -> Result<usize, MemError> {
         let i = self
             .regions
             .iter()
-            .position(|r| r.rkey == rkey && r.valid)
+            .position(|r| key_of(r) == key && r.valid)
             .ok_or(MemError::UnknownKey)?;
         if self.regions[i].pd != pd {
             return Err(MemError::WrongPd);
@@ -124,16 +126,12 @@ impl MemoryModel {
         Ok(i)
     }
 
+    fn by_rkey(&self, pd: u32, rkey: u32) -> Result<usize, MemError> {
+        self.find(pd, rkey, |r| r.rkey)
+    }
+
     fn by_lkey(&self, pd: u32, lkey: u32) -> Result<usize, MemError> {
-        let i = self
-            .regions
-            .iter()
-            .position(|r| r.lkey == lkey && r.valid)
-            .ok_or(MemError::UnknownKey)?;
-        if self.regions[i].pd != pd {
-            return Err(MemError::WrongPd);
-        }
-        Ok(i)
+        self.find(pd, lkey, |r| r.lkey)
     }
 
     /// Walks the part `[offset, offset + len)` of the message `sges` describe, calling `f`

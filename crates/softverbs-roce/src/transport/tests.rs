@@ -143,15 +143,23 @@ fn local(at: u64, len: u32) -> Vec<Sge> {
     }]
 }
 
+/// A signaled request `op` whose data is `len` bytes at `BUF + at`.
+fn op_wr(id: u64, op: SendOp, at: u64, len: u32) -> SendWr {
+    let mut wr = SendWr::new(id, op);
+    wr.sges = local(at, len);
+    wr
+}
+
 fn send_wr(id: u64, at: u64, len: u32) -> SendWr {
-    let mut wr = SendWr::new(
+    let wr = op_wr(
         id,
         SendOp::Send {
             imm: None,
             invalidate: None,
         },
+        at,
+        len,
     );
-    wr.sges = local(at, len);
     wr
 }
 
@@ -197,37 +205,40 @@ fn writes_reads_and_atomics_do_what_they_say() {
     p.fill(p.a, 0, 0, &data);
     p.fill(p.b, 0, 20_000, &pattern(3000, 9));
     p.fill(p.b, 0, 40_000, &100u64.to_le_bytes());
-    let mut w = SendWr::new(
+    let w = op_wr(
         1,
         SendOp::Write {
             va: BUF + 10_000,
             rkey: 1,
             imm: None,
         },
+        0,
+        5000,
     );
-    w.sges = local(0, 5000);
     p.send(p.a, w);
-    let mut wi = SendWr::new(
+    let wi = op_wr(
         2,
         SendOp::Write {
             va: BUF + 30_000,
             rkey: 1,
             imm: Some(0xfeed),
         },
+        0,
+        10,
     );
-    wi.sges = local(0, 10);
     p.recv(p.b, 50, 0, 64);
     p.send(p.a, wi);
-    let mut r = SendWr::new(
+    let r = op_wr(
         3,
         SendOp::Read {
             va: BUF + 20_000,
             rkey: 1,
         },
+        8_000,
+        3000,
     );
-    r.sges = local(8_000, 3000);
     p.send(p.a, r);
-    let mut cas = SendWr::new(
+    let cas = op_wr(
         4,
         SendOp::CompareSwap {
             va: BUF + 40_000,
@@ -235,18 +246,20 @@ fn writes_reads_and_atomics_do_what_they_say() {
             compare: 100,
             swap: 7,
         },
+        12_000,
+        8,
     );
-    cas.sges = local(12_000, 8);
     p.send(p.a, cas);
-    let mut faa = SendWr::new(
+    let faa = op_wr(
         5,
         SendOp::FetchAdd {
             va: BUF + 40_000,
             rkey: 1,
             add: 5,
         },
+        12_008,
+        8,
     );
-    faa.sges = local(12_008, 8);
     p.send(p.a, faa);
     p.run();
     assert_eq!(p.bytes(p.b, 0, 10_000, 5000), data);
@@ -297,24 +310,26 @@ fn any_one_lost_datagram_is_recovered() {
         p.fill(p.b, 0, 30_000, &pattern(2500, 4));
         p.recv(p.b, 1, 0, 8192);
         p.send(p.a, send_wr(10, 0, 6000));
-        let mut r = SendWr::new(
+        let r = op_wr(
             11,
             SendOp::Read {
                 va: BUF + 30_000,
                 rkey: 1,
             },
+            20_000,
+            2500,
         );
-        r.sges = local(20_000, 2500);
         p.send(p.a, r);
-        let mut f = SendWr::new(
+        let f = op_wr(
             12,
             SendOp::FetchAdd {
                 va: BUF + 50_000,
                 rkey: 1,
                 add: 3,
             },
+            40_000,
+            8,
         );
-        f.sges = local(40_000, 8);
         p.send(p.a, f);
         p.run();
         let sent = p.net.link_counters(p.a, p.b).sent.datagrams;
@@ -478,8 +493,7 @@ fn remote_errors_have_their_statuses_and_fail_both_qps() {
     assert_eq!(p.completions(p.a, false)[0].status, WcStatus::RemInvReqErr);
     // Rights the QP does not grant: invalid request.
     let mut p = pair(QpType::Rc, |c| c.access = QpAccess::REMOTE_WRITE);
-    let mut r = SendWr::new(1, SendOp::Read { va: BUF, rkey: 1 });
-    r.sges = local(0, 8);
+    let r = op_wr(1, SendOp::Read { va: BUF, rkey: 1 }, 0, 8);
     p.send(p.a, r);
     p.run();
     assert_eq!(p.completions(p.a, false)[0].status, WcStatus::RemInvReqErr);
@@ -490,15 +504,16 @@ fn an_atomic_whose_ack_is_lost_is_executed_once() {
     let mut p = pair(QpType::Rc, |c| c.timeout = 6);
     p.fill(p.b, 0, 0, &40u64.to_le_bytes());
     p.net.add_fault(p.b, p.a, ScheduledFault::DropNth(0));
-    let mut f = SendWr::new(
+    let f = op_wr(
         1,
         SendOp::FetchAdd {
             va: BUF,
             rkey: 1,
             add: 2,
         },
+        100,
+        8,
     );
-    f.sges = local(100, 8);
     p.send(p.a, f);
     p.run();
     assert_eq!(p.completions(p.a, false)[0].status, WcStatus::Success);
@@ -616,8 +631,7 @@ fn reads_and_atomics_in_flight_are_limited_by_max_rd_atomic() {
     for limit in [1u8, 2, 4] {
         let mut p = pair(QpType::Rc, |c| c.max_rd_atomic = limit);
         for i in 0..4 {
-            let mut r = SendWr::new(i, SendOp::Read { va: BUF, rkey: 1 });
-            r.sges = local(i * 100, 64);
+            let r = op_wr(i, SendOp::Read { va: BUF, rkey: 1 }, i * 100, 64);
             p.send(p.a, r);
         }
         // Before any response can be back (2 µs each way): only `limit` requests left.
