@@ -151,16 +151,11 @@ fn op_wr(id: u64, op: SendOp, at: u64, len: u32) -> SendWr {
 }
 
 fn send_wr(id: u64, at: u64, len: u32) -> SendWr {
-    let wr = op_wr(
-        id,
-        SendOp::Send {
-            imm: None,
-            invalidate: None,
-        },
-        at,
-        len,
-    );
-    wr
+    let op = SendOp::Send {
+        imm: None,
+        invalidate: None,
+    };
+    op_wr(id, op, at, len)
 }
 
 #[test]
