@@ -31,7 +31,7 @@ struct Wqe {
     first: Option<Psn>,
     /// PSNs it takes.
     npkts: u32,
-    /// READ: response packets placed so far.
+    /// Packets acknowledged so far (SEND, WRITE), or READ response packets placed.
     got: u32,
 }
 
@@ -290,6 +290,14 @@ impl Requester {
             }
             let last = first.add(w.npkts - 1);
             if p.diff(last) < 0 {
+                // Part of a long message is acknowledged: the window moves on without it.
+                let acked = (p.diff(first) + 1) as u32;
+                if acked > w.got {
+                    if let Some(w) = self.wqes.front_mut() {
+                        w.got = acked;
+                    }
+                    self.progress(s, now);
+                }
                 break;
             }
             self.complete_front(s, now);

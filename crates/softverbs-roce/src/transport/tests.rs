@@ -709,3 +709,43 @@ fn packets_of_another_partition_are_dropped() {
         .collect();
     assert_eq!(c, vec![WcStatus::RetryExcErr]);
 }
+
+/// A message of many windows: partial ACKs move the window along it, with and without loss.
+#[test]
+fn a_message_longer_than_the_window_goes_through() {
+    for loss in [0.0, 0.02] {
+        let mut p = pair(QpType::Rc, |c| {
+            c.window = 16;
+            c.pmtu = 256;
+            c.timeout = 6;
+        });
+        p.net.set_default_link(LinkConfig {
+            latency: Duration::from_micros(2),
+            faults: crate::sim::Faults {
+                loss,
+                ..Default::default()
+            },
+            ..LinkConfig::default()
+        });
+        let data = pattern(LEN, 9);
+        p.fill(p.a, 0, 0, &data);
+        let w = op_wr(
+            1,
+            SendOp::Write {
+                va: BUF,
+                rkey: 1,
+                imm: None,
+            },
+            0,
+            LEN as u32,
+        );
+        p.send(p.a, w);
+        p.run();
+        assert_eq!(
+            p.completions(p.a, false)[0].status,
+            WcStatus::Success,
+            "loss {loss}"
+        );
+        assert_eq!(p.bytes(p.b, 0, 0, LEN), data, "loss {loss}");
+    }
+}
