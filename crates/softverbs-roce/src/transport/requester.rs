@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 /// Besides the last packet of each message, every this many packets asks for an ACK, so a
-/// long message is acknowledged (and its window opens) as it goes.
+/// long message is acknowledged as it goes.
 const ACK_REQ_EVERY: u32 = 16;
 
 struct Wqe {
@@ -609,15 +609,18 @@ impl Requester {
                 src_qp: s.cfg.qpn,
             });
         }
-        let ends = op.ends_message();
-        h.bth.ack_req = s.cfg.qp_type == QpType::Rc
-            && (ends || (psn.value() % ACK_REQ_EVERY) == ACK_REQ_EVERY - 1);
         // A READ request takes its whole range of PSNs.
         let next = if op == Op::ReadRequest {
             first.add(w.npkts)
         } else {
             psn.add(1)
         };
+        // An ACK is asked for at the end of each message, every few packets, and when this
+        // packet fills the window (nothing more goes out until one comes).
+        h.bth.ack_req = s.cfg.qp_type == QpType::Rc
+            && (op.ends_message()
+                || psn.value() % ACK_REQ_EVERY == ACK_REQ_EVERY - 1
+                || next.diff(self.una) >= s.cfg.window as i32);
         if psn.diff(self.frontier) < 0 {
             s.counters.retransmitted += 1;
         }

@@ -713,9 +713,9 @@ fn packets_of_another_partition_are_dropped() {
 /// A message of many windows: partial ACKs move the window along it, with and without loss.
 #[test]
 fn a_message_longer_than_the_window_goes_through() {
-    for loss in [0.0, 0.02] {
+    for (window, loss) in [(16, 0.0), (16, 0.02), (3, 0.0), (3, 0.02)] {
         let mut p = pair(QpType::Rc, |c| {
-            c.window = 16;
+            c.window = window;
             c.pmtu = 256;
             c.timeout = 6;
         });
