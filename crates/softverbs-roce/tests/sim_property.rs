@@ -3,7 +3,8 @@
 //! Each case draws from its seed a network of 2 to 4 hosts, an MTU, several RC connections
 //! (either direction, several between the same hosts) and a workload for each: SENDs and
 //! WRITEs with and without immediate data, READs, compare-and-swaps and fetch-and-adds, of
-//! 0 to 4×MTU+1 bytes. Every operation has memory of its own at the target, so the final
+//! 0 to 4×MTU+1 bytes; some targets post their receives late, so requesters meet RNR NAKs.
+//! Every operation has memory of its own at the target, so the final
 //! memory does not depend on how connections interleave. The case runs once on perfect links
 //! and once with random loss, duplication, reordering, corruption and jitter (retries
 //! unlimited), and the two must end alike: byte-identical memory on every host, the same
@@ -50,6 +51,9 @@ struct Conn {
     from: usize,
     to: usize,
     ops: Vec<(Kind, u32)>,
+    /// The target posts its receives only this long after the start (the requester meets
+    /// RNR NAKs until then); zero for before.
+    late_recvs: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -105,7 +109,17 @@ fn draw(seed: u64) -> Case {
                     (kind, len)
                 })
                 .collect();
-            Conn { from, to, ops }
+            let late_recvs = if r.below(4) == 0 {
+                Duration::from_micros(r.below(300))
+            } else {
+                Duration::ZERO
+            };
+            Conn {
+                from,
+                to,
+                ops,
+                late_recvs,
+            }
         })
         .collect();
     Case { hosts, mtu, conns }
@@ -150,7 +164,14 @@ fn responder_qpn(c: usize) -> u32 {
 
 /// Builds the network for `case` (each host's memory, both QPs of each connection, the
 /// receives) and posts the workload.
-fn build(case: &Case, seed: u64, tweak: &dyn Fn(&mut QpConfig)) -> (Network<Logged>, Vec<HostId>) {
+/// A receive to post later: when, on which host and QP.
+type LateRecv = (Duration, HostId, u32, RecvWr);
+
+fn build(
+    case: &Case,
+    seed: u64,
+    tweak: &dyn Fn(&mut QpConfig),
+) -> (Network<Logged>, Vec<HostId>, Vec<LateRecv>) {
     let mut net = Network::new(seed);
     net.set_default_link(LinkConfig {
         latency: Duration::from_micros(3),
@@ -205,6 +226,7 @@ fn build(case: &Case, seed: u64, tweak: &dyn Fn(&mut QpConfig)) -> (Network<Logg
     }
     // Memory slots: op `k` (numbered across all connections) owns slot `k` of each region.
     let mut k = 0u64;
+    let mut late = Vec::new();
     for (c, conn) in case.conns.iter().enumerate() {
         let slot_base = k;
         for (j, &(kind, len)) in conn.ops.iter().enumerate() {
@@ -212,18 +234,21 @@ fn build(case: &Case, seed: u64, tweak: &dyn Fn(&mut QpConfig)) -> (Network<Logg
             let wr_id = (c as u64) << 32 | j as u64;
             let needs_recv = matches!(kind, Kind::Send | Kind::SendImm | Kind::WriteImm);
             if needs_recv {
-                net.host_mut(ids[conn.to])
-                    .ep
-                    .with_qp(responder_qpn(c), |qp| {
-                        qp.post_recv(RecvWr {
-                            wr_id,
-                            sges: vec![Sge {
-                                addr: RECV + slot,
-                                len: SLOT as u32,
-                                lkey: 3,
-                            }],
-                        })
-                    });
+                let wr = RecvWr {
+                    wr_id,
+                    sges: vec![Sge {
+                        addr: RECV + slot,
+                        len: SLOT as u32,
+                        lkey: 3,
+                    }],
+                };
+                if conn.late_recvs.is_zero() {
+                    net.host_mut(ids[conn.to])
+                        .ep
+                        .with_qp(responder_qpn(c), |qp| qp.post_recv(wr));
+                } else {
+                    late.push((conn.late_recvs, ids[conn.to], responder_qpn(c), wr));
+                }
             }
             let imm = Some(0xa000_0000 | wr_id as u32);
             // Each connection's atomics share one cell, after every op's slot.
@@ -294,7 +319,17 @@ fn build(case: &Case, seed: u64, tweak: &dyn Fn(&mut QpConfig)) -> (Network<Logg
         }
         k += conn.ops.len() as u64;
     }
-    (net, ids)
+    late.sort_by_key(|l| l.0);
+    (net, ids, late)
+}
+
+/// Runs until idle, posting the late receives when their time comes.
+fn run_all(net: &mut Network<Logged>, late: Vec<LateRecv>, limit: Time) -> bool {
+    for (at, host, qpn, wr) in late {
+        net.run_until(Time(0).after(at)).expect("no livelock");
+        net.host_mut(host).ep.with_qp(qpn, |qp| qp.post_recv(wr));
+    }
+    net.run_until_idle(limit).expect("no livelock")
 }
 
 /// What a completion says that must not depend on the faults.
@@ -340,12 +375,12 @@ fn outcome(net: &mut Network<Logged>, ids: &[HostId]) -> Outcome {
     }
 }
 
-/// What the faults did in a run: datagrams lost, duplicated, reordered, corrupted, and
-/// request packets sent again.
-type Damage = [u64; 5];
+/// What the faults did in a run: datagrams lost, duplicated, reordered, corrupted, request
+/// packets sent again, and RNR NAKs.
+type Damage = [u64; 6];
 
 fn run(case: &Case, seed: u64, faults: Option<Faults>) -> (Outcome, Damage) {
-    let (mut net, ids) = build(case, seed, &|_| {});
+    let (mut net, ids, late) = build(case, seed, &|_| {});
     if let Some(f) = faults {
         net.set_default_link(LinkConfig {
             latency: Duration::from_micros(3),
@@ -354,15 +389,24 @@ fn run(case: &Case, seed: u64, faults: Option<Faults>) -> (Outcome, Damage) {
             ..LinkConfig::default()
         });
     }
-    let idle = net
-        .run_until_idle(Time(60_000_000_000))
-        .expect("no livelock");
+    let idle = run_all(&mut net, late, Time(60_000_000_000));
     assert!(
         idle,
         "still busy after 60 s of virtual time: {}",
         net.counters()
     );
     let c = net.counters();
+    let qp_sum = |f: fn(&QpCounters) -> u64| -> u64 {
+        ids.iter()
+            .flat_map(|&id| {
+                net.host(id)
+                    .ep
+                    .qps()
+                    .map(|q| f(q.counters()))
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    };
     let retransmitted = ids
         .iter()
         .flat_map(|&id| {
@@ -379,6 +423,7 @@ fn run(case: &Case, seed: u64, faults: Option<Faults>) -> (Outcome, Damage) {
         c.reordered.datagrams,
         c.corrupted.datagrams,
         retransmitted,
+        qp_sum(|c| c.rnr_naks_received),
     ];
     (outcome(&mut net, &ids), damage)
 }
@@ -402,7 +447,7 @@ fn random_faults(r: &mut SplitMix64) -> Faults {
 #[test]
 fn random_workloads_under_random_faults_end_as_without_them() {
     let mut stats = [0u64; 3];
-    let mut damage = [0u64; 5];
+    let mut damage = [0u64; 6];
     for_each_seed(0..cases(), |seed| {
         let case = draw(seed);
         let (clean, _) = run(&case, seed, None);
@@ -437,8 +482,17 @@ fn random_workloads_under_random_faults_end_as_without_them() {
     });
     eprintln!(
         "{} cases, {} operations, {} atomics: all alike; the faults lost {}, duplicated {}, \
-         reordered {} and corrupted {} datagrams, and {} request packets were sent again",
-        stats[0], stats[1], stats[2], damage[0], damage[1], damage[2], damage[3], damage[4]
+         reordered {} and corrupted {} datagrams, {} request packets were sent again, \
+         {} RNR NAKs came back",
+        stats[0],
+        stats[1],
+        stats[2],
+        damage[0],
+        damage[1],
+        damage[2],
+        damage[3],
+        damage[4],
+        damage[5]
     );
     assert!(
         damage.iter().all(|&d| d > 0),
@@ -457,7 +511,10 @@ fn a_permanent_cut_fails_the_oldest_request_after_exactly_its_retries() {
         case.conns[0].from = 0;
         case.conns[0].to = 1;
         let retry_cnt = r.below(7) as u8;
-        let (mut net, ids) = build(&case, seed, &|q| q.retry_cnt = retry_cnt);
+        for conn in &mut case.conns {
+            conn.late_recvs = Duration::ZERO;
+        }
+        let (mut net, ids, _) = build(&case, seed, &|q| q.retry_cnt = retry_cnt);
         let cut_after = r.below(6);
         // Everything from the `cut_after`-th datagram on host 0's way out is lost, and
         // nothing comes back after it either.
