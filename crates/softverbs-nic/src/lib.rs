@@ -21,28 +21,17 @@
 //! - [`inspect`]: another process's CQ rings and threads, read through `/proc` (hang reports).
 
 pub mod clock;
-pub mod compact;
 pub mod config;
 pub mod cq;
 pub mod device;
+pub mod device_memory;
 pub mod error;
-pub mod event;
-mod exec;
 pub mod inspect;
-pub mod keys;
-pub mod layout;
-mod mem;
-pub mod mrlayout;
-pub mod objects;
-pub mod ordering;
-mod peer;
-mod progress;
+pub mod mr;
+pub mod pd;
 pub mod qp;
-pub mod ring;
-pub mod rq;
-pub mod shm;
+pub(crate) mod transport;
 pub mod types;
-pub mod wr;
 
 pub use error::{Error, Result};
-pub use exec::GRH_LEN;
+pub use qp::exec::GRH_LEN;

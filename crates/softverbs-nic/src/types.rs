@@ -165,7 +165,7 @@ verbs_enum!(
         RdmaRead = 4,
         AtomicCmpAndSwp = 5,
         AtomicFetchAndAdd = 6,
-        /// `IBV_WR_BIND_MW`; softverbs uses it for [`SendOp::BindLayout`](crate::wr::SendOp::BindLayout).
+        /// `IBV_WR_BIND_MW`; softverbs uses it for [`SendOp::BindLayout`](crate::qp::wr::SendOp::BindLayout).
         BindMw = 8,
     }
 );

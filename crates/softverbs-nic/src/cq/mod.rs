@@ -3,14 +3,15 @@
 //! arming, completing and collecting events agree across processes (`notify`).
 
 mod channel;
+pub mod compact;
 mod notify;
 
 pub use channel::Channel;
 
-use crate::compact::Layout;
+use crate::cq::compact::Layout;
+use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
+use crate::device_memory::ring::{InPlace, Ring, SlotPayload};
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, AsyncQueue, EventElement};
-use crate::ring::{InPlace, Ring, SlotPayload};
 use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -236,7 +237,7 @@ pub struct Cq {
     exported: std::sync::atomic::AtomicBool,
     /// The contexts of the QPs that complete receives here: a resize points them at the new
     /// ring.
-    qp_ctxs: Mutex<Vec<Weak<crate::shm::Segment>>>,
+    qp_ctxs: Mutex<Vec<Weak<crate::device_memory::segment::Segment>>>,
     /// The device's `max_cqe`: the most a resize may ask for.
     max_cqe: u32,
     /// The fields the CQ was created to return, and their compact-record layout.
@@ -282,7 +283,7 @@ impl Cq {
             qp_ctxs: Mutex::new(Vec::new()),
             max_cqe,
             wc_flags,
-            layout: Layout::new(crate::compact::seed_flags(wc_flags)),
+            layout: Layout::new(crate::cq::compact::seed_flags(wc_flags)),
             user_context: AtomicU64::new(0),
             channel,
             async_events,
@@ -356,10 +357,10 @@ impl Cq {
 
     /// Names the current ring in QP context `ctx` (a `QpCtx`), where peers find it, and
     /// keeps `ctx` to name the new ring after a resize.
-    pub(crate) fn export_into(&self, ctx: &Arc<crate::shm::Segment>) {
+    pub(crate) fn export_into(&self, ctx: &Arc<crate::device_memory::segment::Segment>) {
         let rings = self.read_ring();
         let seg = rings.cur.segment();
-        let c: &crate::peer::QpCtx = ctx.at(0);
+        let c: &crate::transport::same_host::QpCtx = ctx.at(0);
         c.cq.set(seg.fd().as_raw_fd(), seg.inode());
         self.exported.store(true, Ordering::Release);
         let mut ctxs = self.qp_ctxs.lock().unwrap_or_else(|e| e.into_inner());
@@ -510,7 +511,7 @@ impl Cq {
             ($($g:literal)*) => {
                 match self.layout.groups() {
                     $($g => self.fill_records::<$g>(ring, buf, max, wall),)*
-                    _ => self.fill_records::<{ crate::compact::GROUPS_ALL }>(ring, buf, max, wall),
+                    _ => self.fill_records::<{ crate::cq::compact::GROUPS_ALL }>(ring, buf, max, wall),
                 }
             };
         }
@@ -631,7 +632,7 @@ impl Cq {
             let seg = new.segment();
             let ctxs = self.qp_ctxs.lock().unwrap_or_else(|e| e.into_inner());
             for ctx in ctxs.iter().filter_map(Weak::upgrade) {
-                let c: &crate::peer::QpCtx = ctx.at(0);
+                let c: &crate::transport::same_host::QpCtx = ctx.at(0);
                 c.cq.set(seg.fd().as_raw_fd(), seg.inode());
                 self.exported.store(true, Ordering::Release);
             }
@@ -860,8 +861,8 @@ mod tests {
         let size = c.layout().size();
         let mut buf = vec![0u8; 4 * size];
         assert_eq!(c.poll_compact(&mut buf, 4), 2);
-        let ids: Vec<u64> = crate::compact::records(&buf, size, 2)
-            .map(|r| crate::compact::header(r).wr_id)
+        let ids: Vec<u64> = crate::cq::compact::records(&buf, size, 2)
+            .map(|r| crate::cq::compact::header(r).wr_id)
             .collect();
         assert_eq!(ids, [6, 101]);
     }

@@ -1,13 +1,13 @@
 //! Device contexts, protection domains, memory regions and address handles.
 
 use crate::cq::{Channel, Cq};
+use crate::device::event::AsyncQueue;
 use crate::device::{Counted, Device, PORT_NUM, Resource};
 use crate::error::{Error, Result, inval};
-use crate::event::AsyncQueue;
-use crate::layout::{Layout, LayoutCaps, LayoutError, Replacement, SetLayoutFlags};
-use crate::mrlayout::{LayoutSource, Prepared, set_layout_error};
+use crate::mr::layout::{Layout, LayoutCaps, LayoutError, Replacement, SetLayoutFlags};
+use crate::mr::store::{LayoutSource, Prepared, set_layout_error};
+use crate::qp::rq::Srq;
 use crate::qp::{Qp, QpInit};
-use crate::rq::Srq;
 use crate::types::{AccessFlags, AhAttr, LinkLayer, WcExFlags};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -146,7 +146,7 @@ impl Pd {
         len: usize,
         iova: u64,
         access: u32,
-        backing: Option<crate::keys::Backing>,
+        backing: Option<crate::mr::keys::Backing>,
     ) -> Result<Mr> {
         let effective = Self::effective_access(access)?;
         let dev = &self.ctx.dev;
@@ -265,7 +265,10 @@ impl Pd {
 
     fn reg_pages_layout(self: &Arc<Self>, src: LayoutSource, iova: u64, access: u32) -> Result<Mr> {
         let compiled = src
-            .compile(&LayoutCaps::DEFAULT, |_| None::<&crate::layout::Compiled>)
+            .compile(
+                &LayoutCaps::DEFAULT,
+                |_| None::<&crate::mr::layout::Compiled>,
+            )
             .map_err(set_layout_error)?;
         let max = self.ctx.dev.config.limits.max_mr_size;
         if compiled.len() > max {
@@ -436,18 +439,18 @@ impl Mr {
     /// `ibv_mr_set_layout_sg` / `ibv_mr_set_layout_interleaved` on a layout container.
     ///
     /// Every datum's key must be a region of this PD (or, with `REGISTER_BUFFERS`,
-    /// [`PLAIN_KEY`](crate::layout::PLAIN_KEY) for a plain buffer of this process, which the
+    /// [`PLAIN_KEY`](crate::mr::layout::PLAIN_KEY) for a plain buffer of this process, which the
     /// caller keeps valid while the layout uses it) and the datum inside it; a key that is
     /// itself a layout container nests, up to `max_nesting_level`. Errors (the old layout
     /// stays in force): `InvalidArgument` (`IBV_MR_SET_LAYOUT_ERR_INPUT`), `Busy` (the layout
     /// needs more room and `AVOID_INVALIDATION` was given:
     /// `IBV_MR_SET_LAYOUT_ERR_WOULD_INVALIDATE`), `Unsupported`
-    /// (`IBV_MR_SET_LAYOUT_ERR_UNSUPPORTED`); see [`crate::mrlayout::set_layout_code`].
+    /// (`IBV_MR_SET_LAYOUT_ERR_UNSUPPORTED`); see [`crate::mr::store::set_layout_code`].
     ///
     /// Without `AVOID_INVALIDATION` a layout that needs more room than the key entry has
     /// gets a new key: [`Mr::key`] changes and the old key stops working at once. With
     /// `WITH_POST_WR` the layout is only staged; it takes effect when a
-    /// [`SendOp::BindLayout`](crate::wr::SendOp::BindLayout) for this key executes (a re-key
+    /// [`SendOp::BindLayout`](crate::qp::wr::SendOp::BindLayout) for this key executes (a re-key
     /// still happens in this call, the new key carrying the old layout until then).
     pub fn set_layout(&self, flags: SetLayoutFlags, src: LayoutSource) -> Result<()> {
         let input = |m: String| set_layout_error(LayoutError::Input(m));
@@ -474,7 +477,7 @@ impl Mr {
             .compile_nested(flags, &caps, |k| dev.layout_current(k))
             .map_err(set_layout_error)?;
         for d in compiled.spans() {
-            if d.key == crate::layout::PLAIN_KEY {
+            if d.key == crate::mr::layout::PLAIN_KEY {
                 continue;
             }
             let info = dev.keys.info(d.key).ok_or_else(|| {
@@ -523,7 +526,7 @@ impl Mr {
     fn install(
         &self,
         src: &LayoutSource,
-        compiled: crate::layout::Compiled,
+        compiled: crate::mr::layout::Compiled,
         fresh: bool,
         flags: SetLayoutFlags,
     ) -> Result<()> {
@@ -626,7 +629,7 @@ impl MrShared {
     }
 
     /// The compiled layout in force, if any.
-    pub(crate) fn current(&self) -> Option<Arc<crate::layout::Compiled>> {
+    pub(crate) fn current(&self) -> Option<Arc<crate::mr::layout::Compiled>> {
         let st = self
             .layout
             .as_ref()?

@@ -1,7 +1,7 @@
 //! Non-contiguous memory regions in the NIC: storing layouts where every process can read
 //! them, and resolving a layout range into pinned spans on the data path.
 //!
-//! The pure engine ([`crate::layout`]) validates and resolves layouts; this module connects it
+//! The pure engine ([`crate::mr::layout`]) validates and resolves layouts; this module connects it
 //! to the key table and to memory:
 //!
 //! - **Storage.** Each layout the owner sets is encoded (as the caller described it, not
@@ -26,14 +26,14 @@
 //! Replacing a layout while an access that already resolved the old one is in flight is safe
 //! (the old pieces stay pinned) but racy as in verbs: the access uses whichever layout it saw.
 
+use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result};
-use crate::keys::{KeyError, KeyTable, LayoutRef, Pin};
-use crate::layout::{
+use crate::mr::access::Span;
+use crate::mr::keys::{KeyError, KeyTable, LayoutRef, Pin};
+use crate::mr::layout::{
     Compiled, Datum, Dim, InterleavedEntry, Layout, LayoutCaps, LayoutError, PLAIN_KEY,
     SetLayoutFlags,
 };
-use crate::mem::Span;
-use crate::shm::Segment;
 use crate::types::AccessFlags;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -374,7 +374,7 @@ fn compiled(r: &LayoutRef, key: u32) -> Option<Arc<Compiled>> {
             return Some(e.compiled.clone());
         }
     }
-    let fd = crate::peer::open_peer_fd(r.owner_pid, r.fd, r.ino, false).ok()?;
+    let fd = crate::transport::same_host::open_peer_fd(r.owner_pid, r.fd, r.ino, false).ok()?;
     let seg = Segment::open(fd).ok()?;
     let (generation, src) = decode(seg.slice::<AtomicU64>(0, seg.len() / 8)).ok()?;
     if generation != r.generation {
@@ -428,13 +428,13 @@ where
     // Room for every piece at once: a column of 4096 cells would otherwise regrow (and
     // copy) the list a dozen times per work request.
     let room = layout.max_pieces(len).min(MAX_PIECES as u64) as usize;
-    crate::exec::reserve_spans(spans, room.min(MAX_PIECES.saturating_sub(spans.len())));
+    crate::qp::exec::reserve_spans(spans, room.min(MAX_PIECES.saturating_sub(spans.len())));
     let container = pins.len();
     pins.push(cpin);
     // The pin of the last plain region a piece was in: consecutive pieces of one region
     // (the usual case: a column of one matrix) share it instead of pinning again.
     let mut last: Option<usize> = None;
-    let visit = |run: crate::layout::Run| -> std::result::Result<(), KeyError> {
+    let visit = |run: crate::mr::layout::Run| -> std::result::Result<(), KeyError> {
         if spans.len() >= MAX_PIECES {
             return Err(KeyError::Bounds);
         }

@@ -10,13 +10,13 @@
 //! target's device memory directly: the target runs no code for it.
 
 use crate::cq::{Cqe, Pushed, W_ID, W_MOVED, push_ring};
+use crate::device::event::{AsyncEvent, EventElement, post_event, ring_fd};
+use crate::device_memory::ring::Ring;
+use crate::device_memory::segment::{Segment, ShmPlain};
 use crate::error::{Error, Result};
-use crate::event::{AsyncEvent, EventElement, post_event, ring_fd};
-use crate::keys::{KeyTable, Pin};
-use crate::mem::Span;
-use crate::ring::Ring;
-use crate::rq::{RecvQueue, RecvWqe, srq_take};
-use crate::shm::{Segment, ShmPlain};
+use crate::mr::access::Span;
+use crate::mr::keys::{KeyTable, Pin};
+use crate::qp::rq::{RecvQueue, RecvWqe, srq_take};
 use crate::types::{AccessFlags, AsyncEventType, Gid, QpState, QpType, WcOpcode, WcStatus};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType, bind, socket_with};
@@ -279,7 +279,7 @@ impl RemoteQp {
         let cq = open_cq_ring(need(&c.cq)?)?;
         let keys = KeyTable::open(Segment::open(need(&c.keys)?)?)?;
         let events = Ring::open(Segment::open(need(&c.events)?)?)?;
-        if events.payload_bytes() < std::mem::size_of::<crate::event::EventRecord>() {
+        if events.payload_bytes() < std::mem::size_of::<crate::device::event::EventRecord>() {
             return Err(bad("event queue slots too small"));
         }
         let events_bell =

@@ -9,18 +9,18 @@
 
 use crate::cq::Cqe;
 use crate::device::{Device, MAX_MSG_SIZE};
-use crate::keys::{KeyError, KeyTable, Pin};
-use crate::mem::{self, AtomicOp, Span};
-use crate::mrlayout;
-use crate::ordering::Placement;
-use crate::peer::RemoteQp;
+use crate::mr::access::{self, AtomicOp, Span};
+use crate::mr::keys::{KeyError, KeyTable, Pin};
+use crate::mr::ordering::Placement;
+use crate::mr::store;
+use crate::qp::rq::RecvWqe;
+use crate::qp::wr::{Payload, SendOp, SendWqe};
 use crate::qp::{Outcome, Qp, SendState};
-use crate::rq::RecvWqe;
+use crate::transport::same_host::RemoteQp;
 use crate::types::{
     AccessFlags, AsyncEventType, Gid, LinkLayer, QpState, QpType, SendFlags, WcFlags, WcOpcode,
     WcStatus, rnr_timer_micros,
 };
-use crate::wr::{Payload, SendOp, SendWqe};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -246,7 +246,7 @@ fn pin_sges<'k>(
                 spans.push(place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?);
                 pins.push(pin);
             }
-            Err(KeyError::Layout) => mrlayout::pin_range(
+            Err(KeyError::Layout) => store::pin_range(
                 keys, pd, s.lkey, s.addr, n, need, &place, &mut spans, &mut pins, 1,
             )?,
             Err(e) => return Err(e),
@@ -345,7 +345,7 @@ impl Qp {
             Err(KeyError::Layout) => {
                 let (mut spans, mut pins) = (Vec::new(), Vec::new());
                 let place = |p: &Pin<'_>, h: usize, n: usize| target.place(p, h, n);
-                mrlayout::pin_range(
+                store::pin_range(
                     keys,
                     target.pd(),
                     rkey,
@@ -564,11 +564,11 @@ impl Qp {
             );
         }
         // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration, mapped here.
-        let original = unsafe { mem::atomic(word.addr, op) };
+        let original = unsafe { access::atomic(word.addr, op) };
         let bytes = original.to_ne_bytes();
         // SAFETY: the destination spans are pinned local LOCAL_WRITE registrations totalling
         // 8 bytes (checked at post); all local, so the copy cannot fail.
-        let _ = unsafe { mem::copy_ordered(&[Span::of(&bytes)], &local.spans) };
+        let _ = unsafe { access::copy_ordered(&[Span::of(&bytes)], &local.spans) };
         Outcome::Done(WcStatus::Success, 8)
     }
 
@@ -578,7 +578,7 @@ impl Qp {
     /// request executes: relaxed data never passes a later atomic or completion.
     ///
     /// # Safety
-    /// As for `mem::copy_ordered`.
+    /// As for `access::copy_ordered`.
     #[inline]
     unsafe fn place(&self, src: &[Span], dst: &[Span], placement: Placement) -> Result<usize, i32> {
         let observer = match placement {
@@ -586,7 +586,7 @@ impl Qp {
             _ => None,
         };
         // SAFETY: forwarded from the caller.
-        unsafe { mem::copy_placed(src, dst, placement, observer.as_deref()) }
+        unsafe { access::copy_placed(src, dst, placement, observer.as_deref()) }
     }
 
     /// RC: no receive posted means an RNR NAK; UC: the message is dropped.

@@ -5,9 +5,9 @@
 //! deregistration waits until no one is pinned, so the bytes behind a key stay valid for the
 //! whole access even if the owner deregisters concurrently.
 
+use crate::device_memory::segment::{Segment, ShmPlain};
 use crate::error::{Error, Result};
-use crate::ordering::Placement;
-use crate::shm::{Segment, ShmPlain};
+use crate::mr::ordering::Placement;
 use crate::types::AccessFlags;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -4,10 +4,10 @@
 //! stored as posted and checked against the owner's key table when a message lands, as
 //! hardware does.
 
+use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::device::{Counted, Device, Resource};
+use crate::device_memory::ring::{Ring, SlotPayload};
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, AsyncQueue, EventElement};
-use crate::ring::{Ring, SlotPayload};
 use crate::types::{AsyncEventType, Sge};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -229,7 +229,7 @@ mod tests {
         assert!(RecvQueue::from_ring(tiny).is_err());
         let q = RecvQueue::new(4, 3).unwrap();
         let fd = q.ring().segment().fd().try_clone_to_owned().unwrap();
-        let seg = crate::shm::Segment::open(fd).unwrap();
+        let seg = crate::device_memory::segment::Segment::open(fd).unwrap();
         let view = RecvQueue::from_ring(Ring::open(seg).unwrap()).unwrap();
         assert_eq!(view.max_sge, q.max_sge);
     }

@@ -6,8 +6,8 @@
 //! themselves live in shared memory (a [`Ring`] or a flag word), so a peer process can post
 //! one without the owner's help: it writes the record, then rings.
 
+use crate::device_memory::ring::{Ring, SlotPayload};
 use crate::error::{Error, Result};
-use crate::ring::{Ring, SlotPayload};
 use crate::types::AsyncEventType;
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};

@@ -1,12 +1,15 @@
 //! Software devices, the in-process fabric that finds them by address, and their attributes.
 
+pub mod event;
+pub(crate) mod progress;
+
 use crate::clock::Clock;
 use crate::config::{DeviceConfig, ENV_DEVICES};
+use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
+use crate::device::progress::Progress;
 use crate::error::{Error, Result};
-use crate::event::{AsyncEvent, AsyncQueue, EventElement};
-use crate::keys::KeyTable;
-use crate::objects::MrShared;
-use crate::progress::Progress;
+use crate::mr::keys::KeyTable;
+use crate::pd::MrShared;
 use crate::qp::Qp;
 use crate::types::{AsyncEventType, AtomicCap, Gid, LinkLayer, Mtu, PortState};
 use std::collections::HashMap;
@@ -52,7 +55,7 @@ pub struct DeviceAttr {
     pub hca_core_clock: u64,
     /// `mr_layout_caps` of `ibv_query_device_ex` (seed 002): what non-contiguous layouts
     /// the device supports.
-    pub mr_layout_caps: crate::layout::LayoutCaps,
+    pub mr_layout_caps: crate::mr::layout::LayoutCaps,
 }
 
 /// `IBV_DEVICE_*` capability bits softverbs sets.
@@ -140,9 +143,9 @@ pub struct Device {
     port_state: AtomicU32,
     contexts: Mutex<Vec<Weak<AsyncQueue>>>,
     /// QPs of other processes this process has mapped.
-    pub(crate) peers: crate::peer::Peers,
+    pub(crate) peers: crate::transport::same_host::Peers,
     /// Called for each scrambled piece this device places (the ordering check).
-    ordering_observer: Mutex<Option<crate::ordering::OrderingObserver>>,
+    ordering_observer: Mutex<Option<crate::mr::ordering::OrderingObserver>>,
     /// Layout containers of this process by key (for bind work requests and nesting).
     layout_mrs: Mutex<HashMap<u32, Weak<MrShared>>>,
     /// How many layouts (in force or staged) use each key: such an MR is busy.
@@ -267,8 +270,8 @@ impl Device {
     }
 
     /// The non-contiguous layout capabilities (`mr_layout_caps`).
-    pub fn layout_caps(&self) -> crate::layout::LayoutCaps {
-        crate::layout::LayoutCaps::DEFAULT
+    pub fn layout_caps(&self) -> crate::mr::layout::LayoutCaps {
+        crate::mr::layout::LayoutCaps::DEFAULT
     }
 
     pub(crate) fn layout_register(&self, key: u32, mr: &Arc<MrShared>) {
@@ -291,7 +294,7 @@ impl Device {
     }
 
     /// The layout in force on container `key` (for nesting checks).
-    pub(crate) fn layout_current(&self, key: u32) -> Option<Arc<crate::layout::Compiled>> {
+    pub(crate) fn layout_current(&self, key: u32) -> Option<Arc<crate::mr::layout::Compiled>> {
         self.layout_find(key)?.current()
     }
 
@@ -327,7 +330,7 @@ impl Device {
             node_guid: self.config.node_guid,
             sys_image_guid: self.config.node_guid,
             max_mr_size: l.max_mr_size,
-            page_size_cap: crate::shm::page_size() as u64,
+            page_size_cap: crate::device_memory::segment::page_size() as u64,
             vendor_id: 0,
             vendor_part_id: 0,
             hw_ver: 1,
@@ -433,7 +436,7 @@ impl Device {
     /// `ordering_check` on), before the next piece, on the placing thread. Meant for tests
     /// that look at a relaxed MR's torn state deterministically; a slow observer slows the
     /// data path.
-    pub fn set_ordering_observer(&self, observer: Option<crate::ordering::OrderingObserver>) {
+    pub fn set_ordering_observer(&self, observer: Option<crate::mr::ordering::OrderingObserver>) {
         *self
             .ordering_observer
             .lock()
@@ -441,7 +444,7 @@ impl Device {
     }
 
     /// The observer of scrambled placement, if one is set.
-    pub(crate) fn ordering_observer(&self) -> Option<crate::ordering::OrderingObserver> {
+    pub(crate) fn ordering_observer(&self) -> Option<crate::mr::ordering::OrderingObserver> {
         self.ordering_observer
             .lock()
             .unwrap_or_else(|e| e.into_inner())

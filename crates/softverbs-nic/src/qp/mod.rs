@@ -5,19 +5,23 @@
 //! or no responder answers) is queued; the device's progress thread retries it when its RNR
 //! or ACK timer expires, and everything posted behind it waits in order.
 
+pub(crate) mod exec;
+pub mod rq;
+pub mod wr;
+
 use crate::cq::{Cq, Cqe};
+use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::device::{Counted, Device, PORT_NUM, Resource};
+use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, AsyncQueue, EventElement};
-use crate::objects::{Pd, check_av, resolve};
-use crate::peer::{DESTROYED, Export, Listing, QpCtx, publish};
-use crate::rq::{RecvQueue, RecvWqe, Srq};
-use crate::shm::Segment;
+use crate::pd::{Pd, check_av, resolve};
+use crate::qp::rq::{RecvQueue, RecvWqe, Srq};
+use crate::qp::wr::{Payload, SendWqe};
+use crate::transport::same_host::{DESTROYED, Export, Listing, QpCtx, publish};
 use crate::types::{
     AccessFlags, AhAttr, AsyncEventType, Mtu, QpAttrMask as M, QpState, QpType, SendFlags, Sge,
     WcStatus, ack_timeout, rnr_timer_micros,
 };
-use crate::wr::{Payload, SendWqe};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -128,7 +132,7 @@ pub(crate) struct SendState {
     pending: VecDeque<Pending>,
     posted: u32,
     /// Cached responder of an RC/UC QP.
-    pub(crate) peer: Option<crate::exec::CachedPeer>,
+    pub(crate) peer: Option<crate::qp::exec::CachedPeer>,
     /// The device the address vector points at.
     pub(crate) peer_dev: Weak<Device>,
     retries: u8,
@@ -707,7 +711,7 @@ impl Qp {
     }
 
     fn check_wqe(&self, w: &SendWqe<'_>) -> Result<()> {
-        use crate::wr::SendOp::*;
+        use crate::qp::wr::SendOp::*;
         let ok_op = match self.qp_type {
             QpType::Rc => true,
             QpType::Uc => matches!(

@@ -1,0 +1,3 @@
+//! Transports.
+
+pub(crate) mod same_host;
