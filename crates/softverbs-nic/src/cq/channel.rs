@@ -2,7 +2,7 @@
 //! doorbell, whichever process added the completion.
 
 use super::{Cq, notify};
-use crate::device::event::Doorbell;
+use crate::device_memory::doorbell::Doorbell;
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;

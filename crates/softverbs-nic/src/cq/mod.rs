@@ -10,7 +10,9 @@ pub use channel::Channel;
 
 use crate::cq::compact::Layout;
 use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
+use crate::device_memory::export::Export;
 use crate::device_memory::ring::{InPlace, Ring, SlotPayload};
+use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result, inval};
 use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
 use std::os::fd::AsRawFd;
@@ -235,9 +237,9 @@ pub struct Cq {
     ring: RwLock<Rings>,
     /// `ring.cur` has been handed out for peers to map (see `Cq::export_into`).
     exported: std::sync::atomic::AtomicBool,
-    /// The contexts of the QPs that complete receives here: a resize points them at the new
-    /// ring.
-    qp_ctxs: Mutex<Vec<Weak<crate::device_memory::segment::Segment>>>,
+    /// Where `ring.cur` is named for peers (a segment, and the offset of an [`Export`] in it:
+    /// the context of each QP that completes receives here): a resize names the new ring there.
+    named_in: Mutex<Vec<(Weak<Segment>, usize)>>,
     /// The device's `max_cqe`: the most a resize may ask for.
     max_cqe: u32,
     /// The fields the CQ was created to return, and their compact-record layout.
@@ -280,7 +282,7 @@ impl Cq {
                 old: Vec::new(),
             }),
             exported: std::sync::atomic::AtomicBool::new(false),
-            qp_ctxs: Mutex::new(Vec::new()),
+            named_in: Mutex::new(Vec::new()),
             max_cqe,
             wc_flags,
             layout: Layout::new(crate::cq::compact::seed_flags(wc_flags)),
@@ -355,17 +357,17 @@ impl Cq {
         self.channel.as_ref()
     }
 
-    /// Names the current ring in QP context `ctx` (a `QpCtx`), where peers find it, and
-    /// keeps `ctx` to name the new ring after a resize.
-    pub(crate) fn export_into(&self, ctx: &Arc<crate::device_memory::segment::Segment>) {
+    /// Names the current ring in the [`Export`] at offset `at` of `seg` (a QP context's
+    /// `cq`), where peers find it, and keeps that place to name the new ring after a resize.
+    pub(crate) fn export_into(&self, seg: &Arc<Segment>, at: usize) {
         let rings = self.read_ring();
-        let seg = rings.cur.segment();
-        let c: &crate::transport::same_host::QpCtx = ctx.at(0);
-        c.cq.set(seg.fd().as_raw_fd(), seg.inode());
+        let ring = rings.cur.segment();
+        seg.at::<Export>(at)
+            .set(ring.fd().as_raw_fd(), ring.inode());
         self.exported.store(true, Ordering::Release);
-        let mut ctxs = self.qp_ctxs.lock().unwrap_or_else(|e| e.into_inner());
-        ctxs.retain(|w| w.strong_count() > 0);
-        ctxs.push(Arc::downgrade(ctx));
+        let mut named = self.named_in.lock().unwrap_or_else(|e| e.into_inner());
+        named.retain(|(w, _)| w.strong_count() > 0);
+        named.push((Arc::downgrade(seg), at));
     }
 
     /// The ring, for tests that play a peer.
@@ -630,10 +632,9 @@ impl Cq {
             // it moved (in that order: a peer that sees the flag finds the new name).
             let new = Arc::new(new);
             let seg = new.segment();
-            let ctxs = self.qp_ctxs.lock().unwrap_or_else(|e| e.into_inner());
-            for ctx in ctxs.iter().filter_map(Weak::upgrade) {
-                let c: &crate::transport::same_host::QpCtx = ctx.at(0);
-                c.cq.set(seg.fd().as_raw_fd(), seg.inode());
+            let named = self.named_in.lock().unwrap_or_else(|e| e.into_inner());
+            for (ctx, at) in named.iter().filter_map(|(w, at)| Some((w.upgrade()?, *at))) {
+                ctx.at::<Export>(at).set(seg.fd().as_raw_fd(), seg.inode());
                 self.exported.store(true, Ordering::Release);
             }
             let old = std::mem::replace(&mut rings.cur, new);

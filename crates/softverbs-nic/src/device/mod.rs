@@ -1,5 +1,6 @@
 //! Software devices, the in-process fabric that finds them by address, and their attributes.
 
+pub(crate) mod directory;
 pub mod event;
 pub(crate) mod progress;
 

@@ -374,7 +374,7 @@ fn compiled(r: &LayoutRef, key: u32) -> Option<Arc<Compiled>> {
             return Some(e.compiled.clone());
         }
     }
-    let fd = crate::transport::same_host::open_peer_fd(r.owner_pid, r.fd, r.ino, false).ok()?;
+    let fd = crate::device_memory::export::open_peer_fd(r.owner_pid, r.fd, r.ino, false).ok()?;
     let seg = Segment::open(fd).ok()?;
     let (generation, src) = decode(seg.slice::<AtomicU64>(0, seg.len() / 8)).ok()?;
     if generation != r.generation {

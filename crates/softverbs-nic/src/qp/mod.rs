@@ -5,23 +5,26 @@
 //! or no responder answers) is queued; the device's progress thread retries it when its RNR
 //! or ACK timer expires, and everything posted behind it waits in order.
 
+pub(crate) mod context;
 pub(crate) mod exec;
 pub mod rq;
 pub mod wr;
 
 use crate::cq::{Cq, Cqe};
+use crate::device::directory::{Listing, publish};
 use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::device::{Counted, Device, PORT_NUM, Resource};
+use crate::device_memory::export::Export;
 use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result, inval};
 use crate::pd::{Pd, check_av, resolve};
 use crate::qp::rq::{RecvQueue, RecvWqe, Srq};
 use crate::qp::wr::{Payload, SendWqe};
-use crate::transport::same_host::{DESTROYED, Export, Listing, QpCtx, publish};
 use crate::types::{
     AccessFlags, AhAttr, AsyncEventType, Mtu, QpAttrMask as M, QpState, QpType, SendFlags, Sge,
     WcStatus, ack_timeout, rnr_timer_micros,
 };
+use context::{DESTROYED, QpCtx};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -321,7 +324,8 @@ impl Qp {
             (None, Some(rq)) => export(&c.rq, rq.ring().segment()),
             (None, None) => {}
         }
-        init.recv_cq.export_into(&ctx);
+        init.recv_cq
+            .export_into(&ctx, std::mem::offset_of!(QpCtx, cq));
         if let Some(ch) = init.recv_cq.channel() {
             c.chan.set(ch.bell().write_fd_num(), ch.bell().write_ino());
         }

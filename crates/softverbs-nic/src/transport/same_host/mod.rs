@@ -1,184 +1,28 @@
-//! Queue pairs of other processes on this host: how they are published, found and reached.
+//! Queue pairs of other processes on this host: how they are found and reached.
 //!
-//! Every QP publishes a context segment ([`QpCtx`]) naming, by descriptor number and inode,
-//! the segments a requester needs: the receive ring (or SRQ ring), the receive CQ ring and its
-//! channel's doorbell, the key table, and the owner's async event queue. Discovery uses two
-//! abstract Unix socket names, which the kernel removes when the owner dies:
-//! `softverbs/<gid>/<qpn>` (bound first: it makes the QP number unique on the host) and
-//! `softverbs/<gid>/<qpn>/<pid>/<fd>/<inode>` (found by a requester in `/proc/net/unix`). The
-//! requester opens the segments through `/proc/<pid>/fd/<n>` and from then on acts on the
-//! target's device memory directly: the target runs no code for it.
+//! A requester finds the owner of a QP number in the host's directory
+//! ([`crate::device::directory`]), maps the QP's context ([`QpCtx`]) and the segments it names
+//! through `/proc/<pid>/fd/<n>`, and from then on acts on the target's device memory directly:
+//! the target runs no code for it.
 
 use crate::cq::{Cqe, Pushed, W_ID, W_MOVED, push_ring};
-use crate::device::event::{AsyncEvent, EventElement, post_event, ring_fd};
+use crate::device::directory::lookup;
+use crate::device::event::{AsyncEvent, EventElement, post_event};
+use crate::device_memory::doorbell::ring_fd;
+use crate::device_memory::export::{Export, open_peer_fd};
 use crate::device_memory::ring::Ring;
-use crate::device_memory::segment::{Segment, ShmPlain};
+use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result};
 use crate::mr::access::Span;
 use crate::mr::keys::{KeyTable, Pin};
+use crate::qp::context::{DESTROYED, QpCtx};
 use crate::qp::rq::{RecvQueue, RecvWqe, srq_take};
 use crate::types::{AccessFlags, AsyncEventType, Gid, QpState, QpType, WcOpcode, WcStatus};
 use rustix::fd::{AsFd, OwnedFd};
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType, bind, socket_with};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-const CTX_MAGIC: u32 = 0x5150_4358; // "QPCX"
-const CTX_VERSION: u32 = 1;
-/// `state` value of a destroyed QP: peers holding a mapping must stop using it.
-pub(crate) const DESTROYED: u32 = 0xdead;
-
-/// A descriptor a peer can open: the owner's fd number + 1 (0: none) and its inode.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct Export {
-    fd: AtomicU32,
-    _pad: AtomicU32,
-    ino: AtomicU64,
-}
-
-impl Export {
-    pub(crate) fn set(&self, fd: i32, ino: u64) {
-        self.ino.store(ino, Ordering::Relaxed);
-        self.fd.store(fd as u32 + 1, Ordering::Release);
-    }
-
-    fn get(&self) -> Option<(i32, u64)> {
-        let fd = self.fd.load(Ordering::Acquire);
-        (fd != 0).then(|| (fd as i32 - 1, self.ino.load(Ordering::Relaxed)))
-    }
-}
-
-/// The shared part of a QP: what a requester in any process reads and writes.
-#[repr(C)]
-pub(crate) struct QpCtx {
-    magic: AtomicU32,
-    version: AtomicU32,
-    pub(crate) qpn: AtomicU32,
-    pub(crate) qp_type: AtomicU32,
-    pub(crate) pd: AtomicU32,
-    pub(crate) recv_pd: AtomicU32,
-    pub(crate) owner_pid: AtomicU32,
-    pub(crate) state: AtomicU32,
-    pub(crate) access: AtomicU32,
-    pub(crate) qkey: AtomicU32,
-    pub(crate) min_rnr_timer: AtomicU32,
-    /// SRQ id + 1 when receives come from an SRQ (0: the QP's own queue).
-    pub(crate) srq: AtomicU32,
-    pub(crate) rq: Export,
-    pub(crate) cq: Export,
-    pub(crate) chan: Export,
-    pub(crate) keys: Export,
-    pub(crate) events: Export,
-    pub(crate) events_bell: Export,
-}
-
-// SAFETY: repr(C), atomics only, valid when zero.
-unsafe impl ShmPlain for QpCtx {}
-
-impl QpCtx {
-    pub(crate) fn init(&self, qpn: u32, qp_type: QpType, pd: u32, recv_pd: u32) {
-        self.qpn.store(qpn, Ordering::Relaxed);
-        self.qp_type.store(qp_type as u32, Ordering::Relaxed);
-        self.pd.store(pd, Ordering::Relaxed);
-        self.recv_pd.store(recv_pd, Ordering::Relaxed);
-        self.owner_pid.store(std::process::id(), Ordering::Relaxed);
-        self.version.store(CTX_VERSION, Ordering::Relaxed);
-        self.magic.store(CTX_MAGIC, Ordering::Release);
-    }
-}
-
-/// A QP's listing: holding it keeps the QP number taken and findable.
-pub(crate) struct Listing {
-    _lock: OwnedFd,
-    _info: OwnedFd,
-}
-
-fn gid_hex(gid: Gid) -> String {
-    gid.0.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn bind_abstract(name: &str) -> Result<Option<OwnedFd>> {
-    // Close-on-exec: a child process must not keep our QP numbers taken after we exit.
-    let sock = socket_with(
-        AddressFamily::UNIX,
-        SocketType::DGRAM,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(Error::os("socket"))?;
-    let addr =
-        SocketAddrUnix::new_abstract_name(name.as_bytes()).map_err(Error::os("socket name"))?;
-    match bind(&sock, &addr) {
-        Ok(()) => Ok(Some(sock)),
-        Err(rustix::io::Errno::ADDRINUSE) => Ok(None),
-        Err(e) => Err(Error::os("bind")(e)),
-    }
-}
-
-/// Publishes QP `qpn` of the device with `gid`; `None` if another process has that number.
-pub(crate) fn publish(gid: Gid, qpn: u32, ctx: &Segment) -> Result<Option<Listing>> {
-    let base = format!("softverbs/{}/{qpn:06x}", gid_hex(gid));
-    let Some(lock) = bind_abstract(&base)? else {
-        return Ok(None);
-    };
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.fd());
-    let info = format!("{base}/{}/{fd}/{}", std::process::id(), ctx.inode());
-    let info = bind_abstract(&info)?.ok_or_else(|| Error::Busy("QP listing name taken".into()))?;
-    Ok(Some(Listing {
-        _lock: lock,
-        _info: info,
-    }))
-}
-
-/// Finds the owner of QP `qpn` on the device with `gid`: (pid, context fd, inode).
-fn lookup(gid: Gid, qpn: u32) -> Option<(u32, i32, u64)> {
-    let prefix = format!("@softverbs/{}/{qpn:06x}/", gid_hex(gid));
-    let table = std::fs::read_to_string("/proc/net/unix").ok()?;
-    table.lines().find_map(|line| {
-        let name = line.split_whitespace().last()?;
-        let mut it = name.strip_prefix(&prefix)?.split('/');
-        Some((
-            it.next()?.parse().ok()?,
-            it.next()?.parse().ok()?,
-            it.next()?.parse().ok()?,
-        ))
-    })
-}
-
-/// Opens descriptor `fd` of process `pid`, checking that it is still the object with `ino`.
-pub(crate) fn open_peer_fd(pid: u32, fd: i32, ino: u64, write_only: bool) -> Result<OwnedFd> {
-    use rustix::fs::{Mode, OFlags};
-    let flags = if write_only {
-        OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC
-    } else {
-        OFlags::RDWR | OFlags::CLOEXEC
-    };
-    let path = format!("/proc/{pid}/fd/{fd}");
-    let f = rustix::fs::open(path.as_str(), flags, Mode::empty()).map_err(|e| match e {
-        rustix::io::Errno::ACCESS | rustix::io::Errno::PERM => Error::Os {
-            what: "opening a peer's device memory through /proc/<pid>/fd \
-                   (peers must run as the same user; check the ptrace/hidepid settings)",
-            errno: e,
-        },
-        e => Error::os("open /proc/<pid>/fd")(e),
-    })?;
-    let st = rustix::fs::fstat(&f).map_err(Error::os("fstat"))?;
-    if st.st_ino != ino {
-        return Err(Error::NotFound(format!(
-            "peer descriptor {pid}/{fd} was replaced"
-        )));
-    }
-    Ok(f)
-}
-
-fn open_export(pid: u32, e: &Export, write_only: bool) -> Result<Option<OwnedFd>> {
-    e.get()
-        .map(|(fd, ino)| open_peer_fd(pid, fd, ino, write_only))
-        .transpose()
-}
 
 /// The owner's CQ ring a remote QP completes into, and the ring it moved to when the owner
 /// resized the CQ (found through the QP context, mapped once).
@@ -266,15 +110,12 @@ impl RemoteQp {
             return Err(bad("too small"));
         }
         let c: &QpCtx = ctx.at(0);
-        if c.magic.load(Ordering::Acquire) != CTX_MAGIC
-            || c.version.load(Ordering::Acquire) != CTX_VERSION
-            || c.qpn.load(Ordering::Acquire) != qpn
-        {
+        if !c.published_as(qpn) {
             return Err(bad("bad header"));
         }
         let qp_type =
             QpType::from_raw(c.qp_type.load(Ordering::Acquire)).ok_or_else(|| bad("type"))?;
-        let need = |e: &Export| open_export(pid, e, false)?.ok_or_else(|| bad("missing segment"));
+        let need = |e: &Export| e.open(pid, false)?.ok_or_else(|| bad("missing segment"));
         let rq = RecvQueue::from_ring(Ring::open(Segment::open(need(&c.rq)?)?)?)?;
         let cq = open_cq_ring(need(&c.cq)?)?;
         let keys = KeyTable::open(Segment::open(need(&c.keys)?)?)?;
@@ -282,9 +123,11 @@ impl RemoteQp {
         if events.payload_bytes() < std::mem::size_of::<crate::device::event::EventRecord>() {
             return Err(bad("event queue slots too small"));
         }
-        let events_bell =
-            open_export(pid, &c.events_bell, true)?.ok_or_else(|| bad("no event bell"))?;
-        let chan = open_export(pid, &c.chan, true)?;
+        let events_bell = c
+            .events_bell
+            .open(pid, true)?
+            .ok_or_else(|| bad("no event bell"))?;
+        let chan = c.chan.open(pid, true)?;
         let srq = c.srq.load(Ordering::Acquire);
         Ok(RemoteQp {
             pid,
@@ -384,7 +227,10 @@ impl RemoteQp {
             }
             if link.next.get().is_none() {
                 // The owner named the new ring in the QP context before flagging the old one.
-                let opened = open_export(self.pid, &self.ctx().cq, false)
+                let opened = self
+                    .ctx()
+                    .cq
+                    .open(self.pid, false)
                     .and_then(|fd| fd.ok_or_else(|| Error::InvalidArgument("no CQ".into())))
                     .and_then(open_cq_ring);
                 match opened {
