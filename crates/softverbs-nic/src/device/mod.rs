@@ -9,8 +9,8 @@ use crate::config::{DeviceConfig, ENV_DEVICES};
 use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::device::progress::Progress;
 use crate::error::{Error, Result};
+use crate::mr::container::Layouts;
 use crate::mr::keys::KeyTable;
-use crate::pd::MrShared;
 use crate::qp::Qp;
 use crate::types::{AsyncEventType, AtomicCap, Gid, LinkLayer, Mtu, PortState};
 use std::collections::HashMap;
@@ -147,10 +147,8 @@ pub struct Device {
     pub(crate) peers: crate::transport::same_host::Peers,
     /// Called for each scrambled piece this device places (the ordering check).
     ordering_observer: Mutex<Option<crate::mr::ordering::OrderingObserver>>,
-    /// Layout containers of this process by key (for bind work requests and nesting).
-    layout_mrs: Mutex<HashMap<u32, Weak<MrShared>>>,
-    /// How many layouts (in force or staged) use each key: such an MR is busy.
-    layout_refs: Mutex<HashMap<u32, u32>>,
+    /// Layout containers of this process by key, and the keys their layouts use.
+    pub(crate) layouts: Layouts,
 }
 
 struct QpNumbers {
@@ -202,8 +200,7 @@ impl Device {
             contexts: Mutex::new(Vec::new()),
             peers: Default::default(),
             ordering_observer: Mutex::new(None),
-            layout_mrs: Mutex::new(HashMap::new()),
-            layout_refs: Mutex::new(HashMap::new()),
+            layouts: Layouts::default(),
             config,
         }))
     }
@@ -273,54 +270,6 @@ impl Device {
     /// The non-contiguous layout capabilities (`mr_layout_caps`).
     pub fn layout_caps(&self) -> crate::mr::layout::LayoutCaps {
         crate::mr::layout::LayoutCaps::DEFAULT
-    }
-
-    pub(crate) fn layout_register(&self, key: u32, mr: &Arc<MrShared>) {
-        lock(&self.layout_mrs).insert(key, Arc::downgrade(mr));
-    }
-
-    pub(crate) fn layout_forget(&self, key: u32) {
-        lock(&self.layout_mrs).remove(&key);
-    }
-
-    pub(crate) fn layout_rekey(&self, old: u32, new: u32, mr: &Arc<MrShared>) {
-        let mut m = lock(&self.layout_mrs);
-        m.remove(&old);
-        m.insert(new, Arc::downgrade(mr));
-    }
-
-    /// The layout container with `key`, if it is one of this process.
-    pub(crate) fn layout_find(&self, key: u32) -> Option<Arc<MrShared>> {
-        lock(&self.layout_mrs).get(&key)?.upgrade()
-    }
-
-    /// The layout in force on container `key` (for nesting checks).
-    pub(crate) fn layout_current(&self, key: u32) -> Option<Arc<crate::mr::layout::Compiled>> {
-        self.layout_find(key)?.current()
-    }
-
-    pub(crate) fn layout_acquire(&self, keys: &[u32]) {
-        let mut m = lock(&self.layout_refs);
-        for k in keys {
-            *m.entry(*k).or_insert(0) += 1;
-        }
-    }
-
-    pub(crate) fn layout_release(&self, keys: &[u32]) {
-        let mut m = lock(&self.layout_refs);
-        for k in keys {
-            if let Some(n) = m.get_mut(k) {
-                *n -= 1;
-                if *n == 0 {
-                    m.remove(k);
-                }
-            }
-        }
-    }
-
-    /// How many layouts use `key`.
-    pub(crate) fn layout_users(&self, key: u32) -> u32 {
-        lock(&self.layout_refs).get(&key).copied().unwrap_or(0)
     }
 
     /// `ibv_query_device` (and the extended fields).
@@ -584,8 +533,4 @@ impl std::fmt::Debug for Device {
             .field("name", &self.config.name)
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -4,6 +4,7 @@ use crate::cq::{Channel, Cq};
 use crate::device::event::AsyncQueue;
 use crate::device::{Counted, Device, PORT_NUM, Resource};
 use crate::error::{Error, Result, inval};
+use crate::mr::container::{LayoutState, MrShared};
 use crate::mr::layout::{Layout, LayoutCaps, LayoutError, Replacement, SetLayoutFlags};
 use crate::mr::store::{LayoutSource, Prepared, set_layout_error};
 use crate::qp::rq::Srq;
@@ -204,7 +205,7 @@ impl Pd {
             layout: Some(Mutex::new(LayoutState::default())),
         });
         mr.shared = shared.clone();
-        self.ctx.dev.layout_register(mr.key(), &shared);
+        self.ctx.dev.layouts.register(mr.key(), &shared);
         Ok(mr)
     }
 
@@ -360,29 +361,6 @@ pub struct Mr {
     _count: Counted,
 }
 
-/// The parts of an MR that change after registration, shared with the device's registry of
-/// layout containers (so a bind work request can find the MR by key).
-pub(crate) struct MrShared {
-    /// The key: changes when a layout needs more room than the key entry had.
-    pub(crate) key: AtomicU32,
-    /// Length in bytes: a layout container's is its layout's.
-    pub(crate) len: AtomicU64,
-    pub(crate) pd: u32,
-    /// `Some` for layout containers.
-    pub(crate) layout: Option<Mutex<LayoutState>>,
-}
-
-/// The layouts of a container.
-#[derive(Default)]
-pub(crate) struct LayoutState {
-    /// The layout in force.
-    pub(crate) current: Option<Prepared>,
-    /// A `WITH_POST_WR` layout waiting for its bind work request.
-    pub(crate) staged: Option<Prepared>,
-    /// Descriptor slots allotted to the key entry (see [`LayoutCaps::check_replace`]).
-    pub(crate) room: u64,
-}
-
 impl Mr {
     /// The key (`lkey` and `rkey` are the same value). A layout container's key changes
     /// when a new layout needs more room (see [`Mr::set_layout`]).
@@ -424,7 +402,7 @@ impl Mr {
     /// with protection/remote-access errors instead of touching freed memory.
     pub fn check_dereg(&self) -> Result<()> {
         let dev = &self.pd.ctx.dev;
-        let users = dev.layout_users(self.key());
+        let users = dev.layouts.users(self.key());
         if users > 0 {
             return Err(Error::Busy(format!(
                 "memory region {:#x} is used by {users} non-contiguous layout(s)",
@@ -474,7 +452,7 @@ impl Mr {
         let caps = dev.layout_caps();
         // Compiled without holding this MR's lock: nested lookups lock other containers.
         let compiled = layout
-            .compile_nested(flags, &caps, |k| dev.layout_current(k))
+            .compile_nested(flags, &caps, |k| dev.layouts.current(k))
             .map_err(set_layout_error)?;
         for d in compiled.spans() {
             if d.key == crate::mr::layout::PLAIN_KEY {
@@ -493,7 +471,7 @@ impl Mr {
                 )));
             }
             // Nested layouts were bounds-checked by the compiler; plain regions here.
-            if dev.layout_current(d.key).is_none() {
+            if dev.layouts.current(d.key).is_none() {
                 let inside = d
                     .addr
                     .checked_sub(info.iova)
@@ -552,22 +530,22 @@ impl Mr {
             self.rekey(&st)?;
         }
         st.room = rep.room;
-        dev.layout_acquire(&prepared.refs);
+        dev.layouts.acquire(&prepared.refs);
         if flags.contains(SetLayoutFlags::WITH_POST_WR) {
             if let Some(old) = st.staged.replace(prepared) {
-                dev.layout_release(&old.refs);
+                dev.layouts.release(&old.refs);
             }
             return Ok(());
         }
         if let Err(e) = prepared.publish(&dev.keys, self.key()) {
-            dev.layout_release(&prepared.refs);
+            dev.layouts.release(&prepared.refs);
             return Err(e);
         }
         self.shared
             .len
             .store(prepared.compiled.len(), Ordering::Release);
         if let Some(old) = st.current.replace(prepared) {
-            dev.layout_release(&old.refs);
+            dev.layouts.release(&old.refs);
         }
         Ok(())
     }
@@ -595,47 +573,9 @@ impl Mr {
             return Err(e);
         }
         self.shared.key.store(new, Ordering::Release);
-        dev.layout_rekey(old, new, &self.shared);
+        dev.layouts.rekey(old, new, &self.shared);
         let _ = dev.keys.deregister(old);
         Ok(())
-    }
-}
-
-impl MrShared {
-    /// Executes a bind work request for this container (`pd`: the QP's): publishes the staged
-    /// layout. False (a bind error completion) without one, or from another PD.
-    pub(crate) fn bind(&self, dev: &crate::device::Device, pd: u32) -> bool {
-        let Some(state) = &self.layout else {
-            return false;
-        };
-        if self.pd != pd {
-            return false;
-        }
-        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(p) = st.staged.take() else {
-            return false;
-        };
-        if p.publish(&dev.keys, self.key.load(Ordering::Acquire))
-            .is_err()
-        {
-            st.staged = Some(p);
-            return false;
-        }
-        self.len.store(p.compiled.len(), Ordering::Release);
-        if let Some(old) = st.current.replace(p) {
-            dev.layout_release(&old.refs);
-        }
-        true
-    }
-
-    /// The compiled layout in force, if any.
-    pub(crate) fn current(&self) -> Option<Arc<crate::mr::layout::Compiled>> {
-        let st = self
-            .layout
-            .as_ref()?
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        st.current.as_ref().map(|p| p.compiled.clone())
     }
 }
 
@@ -646,9 +586,9 @@ impl Drop for Mr {
         if let Some(state) = &self.shared.layout {
             let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
             for p in [st.current.take(), st.staged.take()].into_iter().flatten() {
-                dev.layout_release(&p.refs);
+                dev.layouts.release(&p.refs);
             }
-            dev.layout_forget(key);
+            dev.layouts.forget(key);
         }
         let _ = dev.keys.deregister(key);
     }

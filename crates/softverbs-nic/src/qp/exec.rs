@@ -10,9 +10,9 @@
 use crate::cq::Cqe;
 use crate::device::{Device, MAX_MSG_SIZE};
 use crate::mr::access::{self, AtomicOp, Span};
-use crate::mr::keys::{KeyError, KeyTable, Pin};
+use crate::mr::keys::{KeyTable, Pin};
 use crate::mr::ordering::Placement;
-use crate::mr::store;
+use crate::mr::resolve::{self, Pinned, Spans, pin_sges};
 use crate::qp::rq::RecvWqe;
 use crate::qp::wr::{Payload, SendOp, SendWqe};
 use crate::qp::{Outcome, Qp, SendState};
@@ -144,122 +144,6 @@ impl Target {
     }
 }
 
-/// The responder's side of a one-sided operation: one pinned span (an ordinary key, no
-/// allocation), or the pieces of a layout.
-enum Remote<'t> {
-    One(Pin<'t>, Span),
-    Many(Spans<'t>),
-}
-
-impl Remote<'_> {
-    fn spans(&self) -> &[Span] {
-        match self {
-            Remote::One(_, s) => std::slice::from_ref(s),
-            Remote::Many(m) => &m.spans,
-        }
-    }
-    #[inline(always)]
-    fn placement(&self) -> Placement {
-        match self {
-            Remote::One(p, _) => p.placement(),
-            Remote::Many(m) => m.placement(),
-        }
-    }
-}
-
-/// Pinned spans of one side of a transfer.
-struct Spans<'k> {
-    spans: Vec<Span>,
-    _pins: Vec<Pin<'k>>,
-    len: u64,
-}
-
-impl Spans<'_> {
-    /// How data is placed into these spans: strict if any pinned registration is strict
-    /// (inline bytes and empty lists are never written into, so strict is moot there).
-    fn placement(&self) -> Placement {
-        self._pins
-            .iter()
-            .map(Pin::placement)
-            .min()
-            .unwrap_or(Placement::Strict)
-    }
-}
-
-thread_local! {
-    /// Span lists of finished work requests, kept for the next ones: a layout can resolve to
-    /// thousands of spans per request, and allocating (and faulting in) that list anew each
-    /// time cost more than resolving it.
-    static SPAN_LISTS: std::cell::RefCell<Vec<Vec<Span>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Span lists kept per thread, and the largest kept (in spans: 1.5 MiB).
-const KEPT_LISTS: usize = 4;
-const KEPT_SPANS: usize = 1 << 16;
-
-/// Makes room in `spans` for `n` more, taking a kept list when one is at hand. Only layouts
-/// need it: an ordinary request's short list is cheaper to allocate than to fetch from the
-/// thread's store.
-pub(crate) fn reserve_spans(spans: &mut Vec<Span>, n: usize) {
-    if spans.capacity() - spans.len() >= n {
-        return;
-    }
-    if let Some(mut kept) = SPAN_LISTS.with(|l| l.borrow_mut().pop()) {
-        kept.clear();
-        kept.extend_from_slice(spans);
-        std::mem::swap(spans, &mut kept);
-    }
-    spans.reserve(n);
-}
-
-impl Drop for Spans<'_> {
-    fn drop(&mut self) {
-        let mut v = std::mem::take(&mut self.spans);
-        if v.capacity() > 8 && v.capacity() <= KEPT_SPANS {
-            v.clear();
-            SPAN_LISTS.with(|l| {
-                let mut l = l.borrow_mut();
-                if l.len() < KEPT_LISTS {
-                    l.push(v);
-                }
-            });
-        }
-    }
-}
-
-/// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable. An
-/// SGE whose key is a non-contiguous layout becomes the spans of its pieces.
-fn pin_sges<'k>(
-    keys: &'k KeyTable,
-    pd: u32,
-    sges: &[crate::types::Sge],
-    need: AccessFlags,
-    place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
-) -> Result<Spans<'k>, KeyError> {
-    let mut spans = Vec::with_capacity(sges.len());
-    let mut pins = Vec::with_capacity(sges.len());
-    let mut len = 0u64;
-    for s in sges.iter().filter(|s| s.length > 0) {
-        let n = u64::from(s.length);
-        match keys.pin(s.lkey, pd, s.addr, n, need) {
-            Ok(pin) => {
-                spans.push(place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?);
-                pins.push(pin);
-            }
-            Err(KeyError::Layout) => store::pin_range(
-                keys, pd, s.lkey, s.addr, n, need, &place, &mut spans, &mut pins, 1,
-            )?,
-            Err(e) => return Err(e),
-        }
-        len += n;
-    }
-    Ok(Spans {
-        spans,
-        _pins: pins,
-        len,
-    })
-}
-
 impl Qp {
     fn local<'a>(
         &'a self,
@@ -269,7 +153,7 @@ impl Qp {
         match payload {
             Payload::Inline(bytes) => Ok(Spans {
                 spans: vec![Span::of(bytes)],
-                _pins: Vec::new(),
+                pins: Vec::new(),
                 len: bytes.len() as u64,
             }),
             Payload::Sges(sges) => pin_sges(&self.dev.keys, self.pd.id, sges, need, |_, h, n| {
@@ -335,37 +219,16 @@ impl Qp {
         addr: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Option<Remote<'t>> {
-        let keys = target.keys();
-        match keys.pin(rkey, target.pd(), addr, len, need) {
-            Ok(pin) => {
-                let span = target.place(&pin, pin.host, len as usize)?;
-                Some(Remote::One(pin, span))
-            }
-            Err(KeyError::Layout) => {
-                let (mut spans, mut pins) = (Vec::new(), Vec::new());
-                let place = |p: &Pin<'_>, h: usize, n: usize| target.place(p, h, n);
-                store::pin_range(
-                    keys,
-                    target.pd(),
-                    rkey,
-                    addr,
-                    len,
-                    need,
-                    &place,
-                    &mut spans,
-                    &mut pins,
-                    1,
-                )
-                .ok()?;
-                Some(Remote::Many(Spans {
-                    spans,
-                    _pins: pins,
-                    len,
-                }))
-            }
-            Err(_) => None,
-        }
+    ) -> Option<Pinned<'t>> {
+        resolve::pin_range(
+            target.keys(),
+            target.pd(),
+            rkey,
+            addr,
+            len,
+            need,
+            |p, h, n| target.place(p, h, n),
+        )
     }
 
     pub(crate) fn execute(&self, st: &mut SendState, w: &SendWqe<'_>) -> Outcome {
@@ -511,8 +374,9 @@ impl Qp {
     fn bind_layout(&self, key: u32) -> Outcome {
         let bound = self
             .dev
-            .layout_find(key)
-            .is_some_and(|mr| mr.bind(&self.dev, self.pd.id));
+            .layouts
+            .find(key)
+            .is_some_and(|mr| mr.bind(&self.dev.keys, &self.dev.layouts, self.pd.id));
         if bound {
             Outcome::Done(WcStatus::Success, 0)
         } else {
