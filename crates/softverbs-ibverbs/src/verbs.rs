@@ -4,9 +4,10 @@ use crate::abi::*;
 use crate::set_errno;
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use softverbs_nic::cq::{Channel, Cq, Cqe};
+use softverbs_nic::device::Context;
 use softverbs_nic::device::Device;
 use softverbs_nic::device::event::EventElement;
-use softverbs_nic::pd::{Context, Mr, Pd};
+use softverbs_nic::pd::{Mr, Pd};
 use softverbs_nic::qp::wr::{Payload, SendOp, SendWqe, UdDest};
 use softverbs_nic::qp::{Qp, QpAttr, QpCap, QpInit};
 use softverbs_nic::types::{

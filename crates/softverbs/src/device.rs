@@ -4,8 +4,8 @@ use crate::cq::{CompletionChannel, CompletionQueue};
 use crate::mr::ProtectionDomain;
 use crate::{AsyncEvent, DeviceAttr, DeviceConfig, Gid, Limits, LinkLayer, Mtu, PortAttr, Result};
 use rustix::fd::BorrowedFd;
+use softverbs_nic::device::Context as NicContext;
 use softverbs_nic::device::Device as NicDevice;
-use softverbs_nic::pd::Context as NicContext;
 use std::sync::Arc;
 
 /// The RDMA devices of this process (`ibv_get_device_list`).

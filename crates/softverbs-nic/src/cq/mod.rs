@@ -10,6 +10,7 @@ pub use channel::Channel;
 
 use crate::cq::compact::Layout;
 use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
+use crate::device::{Context, Resource};
 use crate::device_memory::export::Export;
 use crate::device_memory::ring::{InPlace, Ring, SlotPayload};
 use crate::device_memory::segment::Segment;
@@ -254,6 +255,41 @@ pub struct Cq {
     events_delivered: AtomicU32,
     events_acked: AtomicU32,
     _count: Option<crate::device::Counted>,
+}
+
+impl Context {
+    /// Creates a completion queue of at least `cqe` entries.
+    pub fn create_cq(self: &Arc<Self>, cqe: u32, channel: Option<Arc<Channel>>) -> Result<Arc<Cq>> {
+        self.create_cq_ex(cqe, channel, WcExFlags::STANDARD)
+    }
+
+    /// Creates a CQ that returns the fields in `wc_flags` (checked by the caller against
+    /// [`WcExFlags::SUPPORTED`]).
+    pub fn create_cq_ex(
+        self: &Arc<Self>,
+        cqe: u32,
+        channel: Option<Arc<Channel>>,
+        wc_flags: WcExFlags,
+    ) -> Result<Arc<Cq>> {
+        let max = self.dev.config.limits.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(inval(format!("cqe {cqe} (1..={max})")));
+        }
+        let count = self.dev.acquire(Resource::Cq)?;
+        let dev = self.dev.clone();
+        let retire = Arc::new(move |qpn: u32, seq: u32| dev.retire_sq(qpn, seq));
+        let cq = Cq::new(
+            self.dev.next_id(),
+            (cqe, max),
+            channel,
+            self.events.clone(),
+            retire,
+            self.dev.clock,
+            Some(count),
+            wc_flags,
+        )?;
+        Ok(cq)
+    }
 }
 
 impl Cq {

@@ -41,10 +41,10 @@ pub(crate) enum CachedPeer {
 
 /// Finds QP `qpn` of `dev`: here, or in another process on this host.
 pub(crate) fn find_target(dev: &Device, qpn: u32) -> Option<Target> {
-    if let Some(q) = dev.find_qp(qpn) {
+    if let Some(q) = dev.find_qp::<Qp>(qpn) {
         return Some(Target::Local(q));
     }
-    dev.peers
+    crate::transport::same_host::peers()
         .get(dev.config.gid, qpn, dev.clock)
         .map(Target::Remote)
 }

@@ -13,11 +13,12 @@ pub mod wr;
 use crate::cq::{Cq, Cqe};
 use crate::device::directory::{Listing, publish};
 use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
+use crate::device::progress::Timer;
 use crate::device::{Counted, Device, PORT_NUM, Resource};
 use crate::device_memory::export::Export;
 use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result, inval};
-use crate::pd::{Pd, check_av, resolve};
+use crate::pd::Pd;
 use crate::qp::rq::{RecvQueue, RecvWqe, Srq};
 use crate::qp::wr::{Payload, SendWqe};
 use crate::types::{
@@ -267,6 +268,13 @@ fn lock(m: &Mutex<SendState>) -> MutexGuard<'_, SendState> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl Pd {
+    /// Creates a queue pair.
+    pub fn create_qp(self: &Arc<Self>, init: QpInit) -> Result<Arc<Qp>> {
+        Qp::new(self, init)
+    }
+}
+
 impl Qp {
     pub(crate) fn new(pd: &Arc<Pd>, init: QpInit) -> Result<Arc<Qp>> {
         let dev = pd.ctx.dev.clone();
@@ -367,7 +375,7 @@ impl Qp {
             dev: dev.clone(),
             _count: count,
         });
-        dev.register_qp(&qp);
+        dev.register_qp(qpn, Arc::downgrade(&qp) as Weak<_>);
         Ok(qp)
     }
 
@@ -504,7 +512,7 @@ impl Qp {
             QpState::Reset => self.reset(&mut st),
             QpState::Err => self.flush(&mut st),
             QpState::Rtr if cur == QpState::Init && self.qp_type != QpType::Ud => {
-                st.peer_dev = resolve(&self.dev, &st.attr.ah_attr);
+                st.peer_dev = self.dev.resolve(&st.attr.ah_attr);
                 st.peer = None;
             }
             QpState::Sqd if cur == QpState::Rts => {
@@ -515,7 +523,7 @@ impl Qp {
             _ => {}
         }
         if mask.contains(M::AV) && next != QpState::Rtr && self.qp_type != QpType::Ud {
-            st.peer_dev = resolve(&self.dev, &st.attr.ah_attr);
+            st.peer_dev = self.dev.resolve(&st.attr.ah_attr);
             st.peer = None;
         }
         self.drive(&mut st);
@@ -540,7 +548,7 @@ impl Qp {
             return bad(format!("qp_access_flags {:?}", a.qp_access_flags));
         }
         if given.contains(M::AV) {
-            check_av(&self.dev, &a.ah_attr)?;
+            self.dev.check_av(&a.ah_attr)?;
         }
         if given.contains(M::ALT_PATH) {
             return Err(Error::Unsupported("alternate paths (APM)".into()));
@@ -664,15 +672,6 @@ impl Qp {
             }
             self.dev.progress.schedule(Instant::now(), self.me.clone());
         }
-    }
-
-    /// Called by the progress thread when a timer of this QP expires.
-    pub(crate) fn on_timer(&self) {
-        let mut st = lock(&self.send);
-        if self.state() == QpState::Err {
-            self.flush(&mut st);
-        }
-        self.drive(&mut st);
     }
 
     /// Takes a receive WQE for an arriving message, from the SRQ or the QP's own queue.
@@ -939,6 +938,18 @@ impl Qp {
     }
 }
 
+impl Timer for Qp {
+    /// A timer of this QP expired: an RNR or ACK wait ended, or a responder error wants the
+    /// QP flushed.
+    fn on_timer(&self) {
+        let mut st = lock(&self.send);
+        if self.state() == QpState::Err {
+            self.flush(&mut st);
+        }
+        self.drive(&mut st);
+    }
+}
+
 impl Drop for Qp {
     fn drop(&mut self) {
         // Peers that mapped the context stop at once; the listing goes with `self`.
@@ -948,7 +959,7 @@ impl Drop for Qp {
         if let Ok(mut st) = self.send.lock() {
             st.peer = None;
         }
-        self.dev.peers.prune();
+        crate::transport::same_host::peers().prune(self.dev.config.gid);
     }
 }
 

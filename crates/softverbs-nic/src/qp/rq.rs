@@ -8,6 +8,7 @@ use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::device::{Counted, Device, Resource};
 use crate::device_memory::ring::{Ring, SlotPayload};
 use crate::error::{Error, Result, inval};
+use crate::pd::Pd;
 use crate::types::{AsyncEventType, Sge};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -134,6 +135,20 @@ pub(crate) fn srq_take(rq: &RecvQueue, id: u32, post: impl FnOnce(AsyncEvent)) -
         });
     }
     Some(w)
+}
+
+impl Pd {
+    /// Creates a shared receive queue.
+    pub fn create_srq(self: &Arc<Self>, max_wr: u32, max_sge: u32, limit: u32) -> Result<Arc<Srq>> {
+        Srq::new(
+            &self.ctx.dev,
+            self.id,
+            self.ctx.events.clone(),
+            max_wr,
+            max_sge,
+            limit,
+        )
+    }
 }
 
 /// A shared receive queue.
