@@ -34,4 +34,4 @@ pub(crate) mod transport;
 pub mod types;
 
 pub use error::{Error, Result};
-pub use qp::exec::GRH_LEN;
+pub use types::GRH_LEN;

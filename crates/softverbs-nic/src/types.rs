@@ -278,6 +278,9 @@ verbs_enum!(
     }
 );
 
+/// Bytes reserved at the start of every UD receive buffer for the GRH.
+pub const GRH_LEN: usize = 40;
+
 /// A 128-bit global identifier (an IPv6 address for RoCE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(C)]

@@ -1,14 +1,23 @@
-//! Queue pairs: creation, the verbs state machine, posting, and the send-queue driver.
+//! Queue pairs: creation, the verbs state machine, posting and executing work requests.
 //!
-//! Same-host sends execute in the caller's thread at post time (see `exec`): nothing waits
-//! for the target. Only a request that cannot finish now (the responder has no receive posted,
-//! or no responder answers) is queued; the device's progress thread retries it when its RNR
-//! or ACK timer expires, and everything posted behind it waits in order.
+//! Everything here is transport-independent. What a work request means, which checks apply
+//! and which status each failure gives is [`requester`] and [`responder`]; how a request
+//! reaches its responder is a transport's job (`crate::transport`, which sits above this
+//! module and provides [`request::Deliver`] for [`Qp`]).
 
+mod attr;
 pub(crate) mod context;
-pub(crate) mod exec;
+pub(crate) mod request;
+pub(crate) mod requester;
+pub(crate) mod responder;
 pub mod rq;
+mod send;
+mod state;
 pub mod wr;
+
+pub use attr::{QpAttr, QpCap, QpInit};
+pub use send::PostError;
+pub(crate) use send::{Outcome, SendState};
 
 use crate::cq::{Cq, Cqe};
 use crate::device::directory::{Listing, publish};
@@ -20,142 +29,18 @@ use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result, inval};
 use crate::pd::Pd;
 use crate::qp::rq::{RecvQueue, RecvWqe, Srq};
-use crate::qp::wr::{Payload, SendWqe};
 use crate::types::{
-    AccessFlags, AhAttr, AsyncEventType, Mtu, QpAttrMask as M, QpState, QpType, SendFlags, Sge,
-    WcStatus, ack_timeout, rnr_timer_micros,
+    AccessFlags, AsyncEventType, QpAttrMask as M, QpState, QpType, Sge, WcStatus, rnr_timer_micros,
 };
 use context::{DESTROYED, QpCtx};
+use request::Deliver;
+use send::{lock, seq_before};
+use state::{apply, transition};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
-
-/// Queue sizes of a QP (`struct ibv_qp_cap`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct QpCap {
-    pub max_send_wr: u32,
-    pub max_recv_wr: u32,
-    pub max_send_sge: u32,
-    pub max_recv_sge: u32,
-    pub max_inline_data: u32,
-}
-
-/// What `create_qp` needs (`struct ibv_qp_init_attr`).
-pub struct QpInit {
-    pub qp_type: QpType,
-    pub send_cq: Arc<Cq>,
-    pub recv_cq: Arc<Cq>,
-    pub srq: Option<Arc<Srq>>,
-    pub cap: QpCap,
-    pub sq_sig_all: bool,
-}
-
-/// QP attributes (`struct ibv_qp_attr`); which ones matter is said by a [`M`] mask.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QpAttr {
-    pub qp_state: QpState,
-    pub cur_qp_state: QpState,
-    pub path_mtu: Mtu,
-    pub path_mig_state: u32,
-    pub qkey: u32,
-    pub rq_psn: u32,
-    pub sq_psn: u32,
-    pub dest_qp_num: u32,
-    pub qp_access_flags: AccessFlags,
-    pub cap: QpCap,
-    pub ah_attr: AhAttr,
-    pub alt_ah_attr: AhAttr,
-    pub pkey_index: u16,
-    pub alt_pkey_index: u16,
-    pub en_sqd_async_notify: bool,
-    pub sq_draining: bool,
-    pub max_rd_atomic: u8,
-    pub max_dest_rd_atomic: u8,
-    pub min_rnr_timer: u8,
-    pub port_num: u8,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub alt_port_num: u8,
-    pub alt_timeout: u8,
-    pub rate_limit: u32,
-}
-
-impl Default for QpAttr {
-    fn default() -> Self {
-        QpAttr {
-            qp_state: QpState::Reset,
-            cur_qp_state: QpState::Reset,
-            path_mtu: Mtu::Mtu1024,
-            path_mig_state: 0,
-            qkey: 0,
-            rq_psn: 0,
-            sq_psn: 0,
-            dest_qp_num: 0,
-            qp_access_flags: AccessFlags::empty(),
-            cap: QpCap::default(),
-            ah_attr: AhAttr::default(),
-            alt_ah_attr: AhAttr::default(),
-            pkey_index: 0,
-            alt_pkey_index: 0,
-            en_sqd_async_notify: false,
-            sq_draining: false,
-            max_rd_atomic: 0,
-            max_dest_rd_atomic: 0,
-            min_rnr_timer: 0,
-            port_num: PORT_NUM,
-            timeout: 0,
-            retry_cnt: 0,
-            rnr_retry: 0,
-            alt_port_num: 0,
-            alt_timeout: 0,
-            rate_limit: 0,
-        }
-    }
-}
-
-/// A rejected work request: which one (`bad_wr`) and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("work request {index}: {error}")]
-pub struct PostError {
-    /// Position of the first request not posted; the ones before it were posted.
-    pub index: usize,
-    pub error: Error,
-}
-
-struct Pending {
-    seq: u32,
-    wqe: SendWqe<'static>,
-}
-
-/// Requester state, guarded by the QP's send lock.
-pub(crate) struct SendState {
-    pub(crate) attr: QpAttr,
-    pending: VecDeque<Pending>,
-    posted: u32,
-    /// Cached responder of an RC/UC QP.
-    pub(crate) peer: Option<crate::qp::exec::CachedPeer>,
-    /// The device the address vector points at.
-    pub(crate) peer_dev: Weak<Device>,
-    retries: u8,
-    rnr_retries: u8,
-    next_try: Option<Instant>,
-    sqd_barrier: u32,
-    notify_drained: bool,
-    last_wqe_reported: bool,
-}
-
-/// How one attempt at a work request ended.
-pub(crate) enum Outcome {
-    /// Finished (successfully or not) with this status and byte count.
-    Done(WcStatus, u32),
-    /// The responder had no receive posted: retry after its RNR timer.
-    Rnr(Duration),
-    /// Nothing answered: retry after the ACK timeout.
-    NoAck,
-}
 
 /// A queue pair.
 pub struct Qp {
@@ -177,95 +62,6 @@ pub struct Qp {
     send: Mutex<SendState>,
     me: Weak<Qp>,
     _count: Counted,
-}
-
-/// Required and optional attributes of a transition (IBA 11.2.4.2 / the kernel's
-/// `qp_state_table`); `None` for a transition verbs does not allow.
-fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(M, M)> {
-    use QpState::*;
-    let by_type = |rc: M, uc: M, ud: M| match t {
-        QpType::Rc => rc,
-        QpType::Uc => uc,
-        QpType::Ud => ud,
-    };
-    let e = M::empty();
-    Some(match (cur, next) {
-        (_, Reset) | (_, Err) => (e, e),
-        (Reset, Init) => (
-            M::PKEY_INDEX | M::PORT | by_type(M::ACCESS_FLAGS, M::ACCESS_FLAGS, M::QKEY),
-            e,
-        ),
-        (Init, Init) => (
-            e,
-            M::PKEY_INDEX | M::PORT | by_type(M::ACCESS_FLAGS, M::ACCESS_FLAGS, M::QKEY),
-        ),
-        (Init, Rtr) => (
-            by_type(
-                M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
-                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-                e,
-            ),
-            by_type(
-                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
-                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
-                M::PKEY_INDEX | M::QKEY,
-            ),
-        ),
-        (Rtr, Rts) => (
-            by_type(
-                M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-                M::SQ_PSN,
-                M::SQ_PSN,
-            ),
-            by_type(
-                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
-                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
-                M::CUR_STATE | M::QKEY,
-            ),
-        ),
-        (Rts, Rts) | (Sqd, Rts) => (
-            e,
-            by_type(
-                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
-                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
-                M::CUR_STATE | M::QKEY,
-            ),
-        ),
-        (Rts, Sqd) => (e, M::EN_SQD_ASYNC_NOTIFY),
-        (Sqd, Sqd) => (
-            e,
-            by_type(
-                M::PORT
-                    | M::AV
-                    | M::TIMEOUT
-                    | M::RETRY_CNT
-                    | M::RNR_RETRY
-                    | M::MAX_QP_RD_ATOMIC
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::ALT_PATH
-                    | M::ACCESS_FLAGS
-                    | M::PKEY_INDEX
-                    | M::MIN_RNR_TIMER
-                    | M::PATH_MIG_STATE,
-                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
-                M::PKEY_INDEX | M::QKEY,
-            ),
-        ),
-        (Sqe, Rts) if t != QpType::Rc => (
-            e,
-            by_type(e, M::CUR_STATE | M::ACCESS_FLAGS, M::CUR_STATE | M::QKEY),
-        ),
-        _ => return None,
-    })
-}
-
-fn lock(m: &Mutex<SendState>) -> MutexGuard<'_, SendState> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Pd {
@@ -618,25 +414,6 @@ impl Qp {
         self.ctx().min_rnr_timer.store(0, Ordering::Release);
     }
 
-    /// Completes every queued send (and, in ERR, every posted receive) with `WR_FLUSH_ERR`.
-    fn flush(&self, st: &mut SendState) {
-        while let Some(p) = st.pending.pop_front() {
-            self.complete_send(p.seq, &p.wqe, WcStatus::WrFlushErr, 0);
-        }
-        st.next_try = None;
-        if self.state() != QpState::Err {
-            return;
-        }
-        if let Some(rq) = &self.rq {
-            while let Some(w) = rq.take() {
-                self.flush_recv(&w);
-            }
-        } else if !st.last_wqe_reported {
-            st.last_wqe_reported = true;
-            self.event(AsyncEventType::QpLastWqeReached);
-        }
-    }
-
     fn flush_recv(&self, w: &RecvWqe) {
         self.push_recv(Cqe {
             wr_id: w.wr_id,
@@ -713,222 +490,6 @@ impl Qp {
         }
     }
 
-    fn check_wqe(&self, w: &SendWqe<'_>) -> Result<()> {
-        use crate::qp::wr::SendOp::*;
-        let ok_op = match self.qp_type {
-            QpType::Rc => true,
-            QpType::Uc => matches!(
-                w.op,
-                Send | SendWithImm { .. }
-                    | RdmaWrite { .. }
-                    | RdmaWriteWithImm { .. }
-                    | BindLayout { .. }
-            ),
-            QpType::Ud => matches!(w.op, Send | SendWithImm { .. } | BindLayout { .. }),
-        };
-        if !ok_op {
-            return Err(inval(format!(
-                "{:?} is not valid on a {:?} QP",
-                w.op.opcode(),
-                self.qp_type
-            )));
-        }
-        match &w.payload {
-            Payload::Sges(s) if s.len() > self.cap.max_send_sge as usize => {
-                return Err(inval(format!(
-                    "{} SGEs but max_send_sge is {}",
-                    s.len(),
-                    self.cap.max_send_sge
-                )));
-            }
-            Payload::Inline(b) => {
-                if w.op.writes_local() {
-                    return Err(inval("inline data with RDMA READ or an atomic"));
-                }
-                if b.len() > self.cap.max_inline_data as usize {
-                    return Err(inval(format!(
-                        "{} inline bytes but max_inline_data is {}",
-                        b.len(),
-                        self.cap.max_inline_data
-                    )));
-                }
-            }
-            _ => {}
-        }
-        if matches!(w.op, BindLayout { .. }) && !w.payload.is_empty() {
-            return Err(inval("a layout bind takes no data"));
-        }
-        if let CmpSwap { remote_addr, .. } | FetchAdd { remote_addr, .. } = w.op {
-            if w.payload.len() != 8 {
-                return Err(inval("atomics take exactly 8 bytes of local buffer"));
-            }
-            if remote_addr % 8 != 0 {
-                return Err(inval("atomic remote address is not 8-byte aligned"));
-            }
-        }
-        if self.qp_type == QpType::Ud {
-            let ud =
-                w.ud.as_ref()
-                    .ok_or_else(|| inval("UD sends need an address handle"))?;
-            if ud.ah.pd != self.pd.id {
-                return Err(inval("address handle is from another protection domain"));
-            }
-        }
-        Ok(())
-    }
-
-    /// `ibv_post_send`: validates and executes (or queues) each request in order.
-    pub fn post_send<'a>(
-        &self,
-        wqes: impl IntoIterator<Item = SendWqe<'a>>,
-    ) -> Result<(), PostError> {
-        let mut st = lock(&self.send);
-        for (index, w) in wqes.into_iter().enumerate() {
-            let fail = |error| PostError { index, error };
-            self.check_wqe(&w).map_err(fail)?;
-            let state = self.state();
-            if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
-                return Err(fail(inval(format!("cannot post sends in {state:?}"))));
-            }
-            let retired = self.dev.sq_retired[self.dev.qpn_index(self.qpn)].load(Ordering::Acquire);
-            if st.posted.wrapping_sub(retired) >= self.cap.max_send_wr {
-                return Err(fail(Error::NoResources(format!(
-                    "send queue full ({} outstanding; completions free slots when polled)",
-                    self.cap.max_send_wr
-                ))));
-            }
-            let seq = st.posted;
-            st.posted = seq.wrapping_add(1);
-            match state {
-                QpState::Err | QpState::Sqe => {
-                    self.complete_send(seq, &w, WcStatus::WrFlushErr, 0);
-                }
-                QpState::Rts if st.pending.is_empty() => {
-                    if self.step(&mut st, seq, &w) {
-                        st.pending.push_back(Pending {
-                            seq,
-                            wqe: w.into_owned(),
-                        });
-                    }
-                }
-                _ => st.pending.push_back(Pending {
-                    seq,
-                    wqe: w.into_owned(),
-                }),
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs queued requests for as long as they can finish now.
-    fn drive(&self, st: &mut SendState) {
-        while let Some(p) = st.pending.pop_front() {
-            let state = self.state();
-            if matches!(state, QpState::Err | QpState::Sqe) {
-                self.complete_send(p.seq, &p.wqe, WcStatus::WrFlushErr, 0);
-                continue;
-            }
-            let runnable = state == QpState::Rts
-                || (state == QpState::Sqd && seq_before(p.seq, st.sqd_barrier));
-            let waiting = st.next_try.is_some_and(|t| Instant::now() < t);
-            if !runnable || waiting || self.step(st, p.seq, &p.wqe) {
-                st.pending.push_front(p);
-                break;
-            }
-        }
-        if self.state() == QpState::Sqd
-            && st.notify_drained
-            && !st
-                .pending
-                .front()
-                .is_some_and(|p| seq_before(p.seq, st.sqd_barrier))
-        {
-            st.notify_drained = false;
-            self.event(AsyncEventType::SqDrained);
-        }
-    }
-
-    /// One attempt at `w`; true if it stalled and must be retried later.
-    fn step(&self, st: &mut SendState, seq: u32, w: &SendWqe<'_>) -> bool {
-        let outcome = self.execute(st, w);
-        let (status, len) = match outcome {
-            Outcome::Done(status, len) => (status, len),
-            Outcome::Rnr(delay) => {
-                let rnr_retry = st.attr.rnr_retry;
-                // rnr_retry 7 means "retry forever".
-                if rnr_retry == 7 || st.rnr_retries < rnr_retry {
-                    st.rnr_retries = st.rnr_retries.saturating_add(1);
-                    self.retry_at(st, Instant::now() + delay);
-                    return true;
-                }
-                (WcStatus::RnrRetryExcErr, 0)
-            }
-            Outcome::NoAck => {
-                match ack_timeout(st.attr.timeout) {
-                    Some(t) if st.retries < st.attr.retry_cnt => {
-                        st.retries += 1;
-                        self.retry_at(st, Instant::now() + t);
-                        return true;
-                    }
-                    // Timeout 0 means "wait for an ACK forever": keep looking, never fail.
-                    None => {
-                        self.retry_at(st, Instant::now() + Duration::from_millis(10));
-                        return true;
-                    }
-                    Some(_) => (WcStatus::RetryExcErr, 0),
-                }
-            }
-        };
-        st.retries = 0;
-        st.rnr_retries = 0;
-        st.next_try = None;
-        self.complete_send(seq, w, status, len);
-        if status != WcStatus::Success {
-            self.send_error(st);
-        }
-        false
-    }
-
-    fn retry_at(&self, st: &mut SendState, at: Instant) {
-        st.next_try = Some(at);
-        self.dev.progress.schedule(at, self.me.clone());
-    }
-
-    /// A send failed: RC goes to ERR; UC and UD go to SQE (receives keep working).
-    fn send_error(&self, st: &mut SendState) {
-        let next = if self.qp_type == QpType::Rc {
-            QpState::Err
-        } else {
-            QpState::Sqe
-        };
-        let _ = self
-            .ctx()
-            .state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (s != QpState::Err as u32).then_some(next as u32)
-            });
-        self.flush(st);
-    }
-
-    fn complete_send(&self, seq: u32, w: &SendWqe<'_>, status: WcStatus, byte_len: u32) {
-        let signaled = self.sq_sig_all || w.flags.contains(SendFlags::SIGNALED);
-        if status == WcStatus::Success && !signaled {
-            return;
-        }
-        let kept = self.send_cq.push(Cqe {
-            wr_id: w.wr_id,
-            status: status as u8,
-            opcode: w.op.wc_opcode() as u8,
-            byte_len,
-            qp_num: self.qpn,
-            wqe_seq: seq,
-            ..Cqe::default()
-        });
-        if !kept {
-            self.responder_error(Some(AsyncEventType::QpFatal));
-        }
-    }
-
     /// Queues a receive completion; a completion lost to CQ overrun is fatal to the QP, as
     /// on hardware.
     pub(crate) fn push_recv(&self, cqe: Cqe) {
@@ -955,11 +516,11 @@ impl Drop for Qp {
         // Peers that mapped the context stop at once; the listing goes with `self`.
         self.ctx().state.store(DESTROYED, Ordering::Release);
         self.dev.unregister_qp(self.qpn);
-        // Our connection may have been the last user of a peer's mappings.
+        // Our connection may have been the last user of what the transport keeps for it.
         if let Ok(mut st) = self.send.lock() {
             st.peer = None;
         }
-        crate::transport::same_host::peers().prune(self.dev.config.gid);
+        self.release();
     }
 }
 
@@ -985,84 +546,4 @@ fn publish_qpn(dev: &Arc<Device>, ctx: &Segment) -> Result<(u32, Option<Listing>
         dev.unregister_qp(qpn);
     }
     result
-}
-
-fn seq_before(a: u32, b: u32) -> bool {
-    (a.wrapping_sub(b) as i32) < 0
-}
-
-fn apply(a: &mut QpAttr, n: &QpAttr, m: M) {
-    if m.contains(M::ACCESS_FLAGS) {
-        a.qp_access_flags = n.qp_access_flags;
-    }
-    if m.contains(M::PKEY_INDEX) {
-        a.pkey_index = n.pkey_index;
-    }
-    if m.contains(M::PORT) {
-        a.port_num = n.port_num;
-    }
-    if m.contains(M::QKEY) {
-        a.qkey = n.qkey;
-    }
-    if m.contains(M::AV) {
-        a.ah_attr = n.ah_attr;
-    }
-    if m.contains(M::PATH_MTU) {
-        a.path_mtu = n.path_mtu;
-    }
-    if m.contains(M::TIMEOUT) {
-        a.timeout = n.timeout;
-    }
-    if m.contains(M::RETRY_CNT) {
-        a.retry_cnt = n.retry_cnt;
-    }
-    if m.contains(M::RNR_RETRY) {
-        a.rnr_retry = n.rnr_retry;
-    }
-    if m.contains(M::RQ_PSN) {
-        a.rq_psn = n.rq_psn;
-    }
-    if m.contains(M::MAX_QP_RD_ATOMIC) {
-        a.max_rd_atomic = n.max_rd_atomic;
-    }
-    if m.contains(M::MIN_RNR_TIMER) {
-        a.min_rnr_timer = n.min_rnr_timer;
-    }
-    if m.contains(M::SQ_PSN) {
-        a.sq_psn = n.sq_psn;
-    }
-    if m.contains(M::MAX_DEST_RD_ATOMIC) {
-        a.max_dest_rd_atomic = n.max_dest_rd_atomic;
-    }
-    if m.contains(M::PATH_MIG_STATE) {
-        a.path_mig_state = n.path_mig_state;
-    }
-    if m.contains(M::DEST_QPN) {
-        a.dest_qp_num = n.dest_qp_num;
-    }
-    if m.contains(M::EN_SQD_ASYNC_NOTIFY) {
-        a.en_sqd_async_notify = n.en_sqd_async_notify;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn transition_table_spot_checks() {
-        use QpState::*;
-        assert!(transition(Reset, Rtr, QpType::Rc).is_none());
-        assert!(transition(Init, Rts, QpType::Ud).is_none());
-        assert!(transition(Sqe, Rts, QpType::Rc).is_none());
-        assert!(transition(Sqe, Rts, QpType::Ud).is_some());
-        let (req, _) = transition(Init, Rtr, QpType::Rc).unwrap();
-        assert!(req.contains(M::DEST_QPN | M::AV | M::MIN_RNR_TIMER));
-        let (req, _) = transition(Init, Rtr, QpType::Ud).unwrap();
-        assert!(req.is_empty());
-        for s in [Reset, Init, Rtr, Rts, Sqd, Sqe, Err] {
-            assert!(transition(s, Err, QpType::Uc).is_some());
-            assert!(transition(s, Reset, QpType::Uc).is_some());
-        }
-    }
 }

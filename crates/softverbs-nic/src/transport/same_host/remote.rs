@@ -16,8 +16,11 @@ use crate::error::{Error, Result};
 use crate::mr::access::Span;
 use crate::mr::keys::{KeyTable, Pin};
 use crate::qp::context::{DESTROYED, QpCtx};
+use crate::qp::responder::Responder;
 use crate::qp::rq::{RecvQueue, RecvWqe, srq_take};
-use crate::types::{AccessFlags, AsyncEventType, Gid, QpState, QpType, WcOpcode, WcStatus};
+use crate::types::{
+    AccessFlags, AsyncEventType, Gid, QpState, QpType, WcOpcode, WcStatus, rnr_timer_micros,
+};
 use rustix::fd::{AsFd, OwnedFd};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -154,7 +157,7 @@ impl RemoteQp {
     }
 
     /// False once the owner is gone (checked at most every millisecond) or the QP destroyed.
-    pub(crate) fn alive(&self) -> bool {
+    pub(super) fn alive(&self) -> bool {
         if self.dead.load(Ordering::Relaxed) {
             return false;
         }
@@ -176,42 +179,8 @@ impl RemoteQp {
         true
     }
 
-    pub(crate) fn qpn(&self) -> u32 {
-        self.qpn
-    }
-    pub(crate) fn qp_type(&self) -> QpType {
-        self.qp_type
-    }
-    pub(crate) fn gid(&self) -> Gid {
-        self.gid
-    }
-    pub(crate) fn state(&self) -> u32 {
+    fn state(&self) -> u32 {
         self.ctx().state.load(Ordering::Acquire)
-    }
-    pub(crate) fn access(&self) -> AccessFlags {
-        AccessFlags::from_bits_retain(self.ctx().access.load(Ordering::Acquire))
-    }
-    pub(crate) fn qkey(&self) -> u32 {
-        self.ctx().qkey.load(Ordering::Acquire)
-    }
-    pub(crate) fn min_rnr_timer(&self) -> u8 {
-        self.ctx().min_rnr_timer.load(Ordering::Acquire) as u8
-    }
-    pub(crate) fn pd(&self) -> u32 {
-        self.ctx().pd.load(Ordering::Acquire)
-    }
-    pub(crate) fn recv_pd(&self) -> u32 {
-        self.ctx().recv_pd.load(Ordering::Acquire)
-    }
-    pub(crate) fn keys(&self) -> &KeyTable {
-        &self.keys
-    }
-
-    pub(crate) fn take_recv(&self) -> Option<RecvWqe> {
-        match self.srq_id {
-            Some(id) => srq_take(&self.rq, id, |ev| self.post(ev)),
-            None => self.rq.take(),
-        }
     }
 
     fn post(&self, ev: AsyncEvent) {
@@ -252,8 +221,89 @@ impl RemoteQp {
         &link.ring
     }
 
+    /// Where the pinned bytes are for this process: a mapping of the owner's memfd, or
+    /// (plain process memory) the owner's address, reached with cross-memory attach.
+    /// `host` is an owner address inside `pin`'s registration (or, for a layout container's
+    /// pin, a plain buffer of its layout, which has no backing).
+    fn locate(&self, pin: &Pin<'_>, host: usize, len: usize) -> Result<Span> {
+        let Some(b) = pin.backing_at(host) else {
+            return Ok(Span::at(host, len, self.pid));
+        };
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let seg = match maps.get(&(b.fd, b.ino)) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(Segment::open(open_peer_fd(self.pid, b.fd, b.ino, false)?)?);
+                maps.insert((b.fd, b.ino), s.clone());
+                s
+            }
+        };
+        let end = b.offset.checked_add(len as u64);
+        if end.is_none_or(|e| e > seg.len() as u64) {
+            return Err(Error::InvalidArgument(
+                "peer registration outside its memfd".into(),
+            ));
+        }
+        Ok(Span::local(seg.as_ptr() as usize + b.offset as usize, len))
+    }
+}
+
+impl Responder for RemoteQp {
+    #[inline]
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    #[inline]
+    fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+    #[inline]
+    fn receiving(&self) -> bool {
+        let s = self.state();
+        self.alive()
+            && [QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe]
+                .iter()
+                .any(|&ok| ok as u32 == s)
+    }
+    #[inline]
+    fn access(&self) -> AccessFlags {
+        AccessFlags::from_bits_retain(self.ctx().access.load(Ordering::Acquire))
+    }
+    #[inline]
+    fn qkey(&self) -> u32 {
+        self.ctx().qkey.load(Ordering::Acquire)
+    }
+    #[inline]
+    fn rnr_delay(&self) -> Duration {
+        let code = self.ctx().min_rnr_timer.load(Ordering::Acquire) as u8;
+        Duration::from_micros(rnr_timer_micros(code))
+    }
+    #[inline]
+    fn pd_id(&self) -> u32 {
+        self.ctx().pd.load(Ordering::Acquire)
+    }
+    #[inline]
+    fn recv_pd(&self) -> u32 {
+        self.ctx().recv_pd.load(Ordering::Acquire)
+    }
+    #[inline]
+    fn keys(&self) -> &KeyTable {
+        &self.keys
+    }
+    #[inline]
+    fn gid(&self) -> Gid {
+        self.gid
+    }
+
+    fn take_recv(&self) -> Option<RecvWqe> {
+        match self.srq_id {
+            Some(id) => srq_take(&self.rq, id, |ev| self.post(ev)),
+            None => self.rq.take(),
+        }
+    }
+
     /// Pushes a receive completion into the owner's CQ, signalling as the owner would.
-    pub(crate) fn push_recv(&self, mut cqe: Cqe) {
+    fn push_recv(&self, mut cqe: Cqe) {
         cqe.timestamp = self.clock.now_raw();
         let cq = self.cq();
         match push_ring(cq, &cqe) {
@@ -277,7 +327,7 @@ impl RemoteQp {
 
     /// The responder side of an error: the owner's QP goes to ERR, its posted receives are
     /// flushed (here: nothing in the owner needs to run), and it gets `event`.
-    pub(crate) fn responder_error(&self, event: Option<AsyncEventType>) {
+    fn responder_error(&self, event: Option<AsyncEventType>) {
         let moved = self
             .ctx()
             .state
@@ -308,30 +358,9 @@ impl RemoteQp {
         }
     }
 
-    /// Where the pinned bytes are for this process: a mapping of the owner's memfd, or
-    /// (plain process memory) the owner's address, reached with cross-memory attach.
-    /// `host` is an owner address inside `pin`'s registration (or, for a layout container's
-    /// pin, a plain buffer of its layout, which has no backing).
-    pub(crate) fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Result<Span> {
-        let Some(b) = pin.backing_at(host) else {
-            return Ok(Span::at(host, len, self.pid));
-        };
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        let seg = match maps.get(&(b.fd, b.ino)) {
-            Some(s) => s.clone(),
-            None => {
-                let s = Arc::new(Segment::open(open_peer_fd(self.pid, b.fd, b.ino, false)?)?);
-                maps.insert((b.fd, b.ino), s.clone());
-                s
-            }
-        };
-        let end = b.offset.checked_add(len as u64);
-        if end.is_none_or(|e| e > seg.len() as u64) {
-            return Err(Error::InvalidArgument(
-                "peer registration outside its memfd".into(),
-            ));
-        }
-        Ok(Span::local(seg.as_ptr() as usize + b.offset as usize, len))
+    #[inline]
+    fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
+        self.locate(pin, host, len).ok()
     }
 }
 
