@@ -2,7 +2,7 @@
 //! them, and reading them back on the data path.
 //!
 //! The pure engine ([`crate::mr::layout`]) validates and resolves layouts; this module and
-//! [`crate::mr::resolve`] connect it to the key table and to memory:
+//! `mr::resolve` connect it to the key table and to memory:
 //!
 //! - **Storage.** Each layout the owner sets is encoded (as the caller described it, not
 //!   expanded) into its own small `memfd` segment of `u64` words. The container's key entry
@@ -16,7 +16,7 @@
 //!   validated by `Layout::compile`, nothing can panic) and caches the result. A segment whose
 //!   header generation differs from the entry's (the owner replaced the layout meanwhile) is
 //!   refused, so a reader never mixes two layouts.
-//! - **Resolving** ([`crate::mr::resolve`]). A range of the container becomes pieces of other
+//! - **Resolving** (`mr::resolve`). A range of the container becomes pieces of other
 //!   regions; each piece is pinned in the key table with the same PD and rights the access
 //!   needs (a piece of a region that is itself a layout recurses, up to the nesting limit), so
 //!   every byte is checked for bounds and rights exactly like an ordinary SGE, and stays

@@ -26,7 +26,8 @@ pub struct QpInit {
     pub sq_sig_all: bool,
 }
 
-/// QP attributes (`struct ibv_qp_attr`); which ones matter is said by a [`M`] mask.
+/// QP attributes (`struct ibv_qp_attr`); which ones matter is said by a
+/// [`QpAttrMask`](crate::types::QpAttrMask).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QpAttr {
     pub qp_state: QpState,

@@ -1,9 +1,9 @@
 //! Queue pairs: creation, the verbs state machine, posting and executing work requests.
 //!
 //! Everything here is transport-independent. What a work request means, which checks apply
-//! and which status each failure gives is [`requester`] and [`responder`]; how a request
-//! reaches its responder is a transport's job (`crate::transport`, which sits above this
-//! module and provides [`request::Deliver`] for [`Qp`]).
+//! and which status each failure gives is `requester` and `responder`; how a request reaches
+//! its responder is a transport's job (`crate::transport`, which sits above this module and
+//! provides `request::Deliver` for [`Qp`]).
 
 mod attr;
 pub(crate) mod context;

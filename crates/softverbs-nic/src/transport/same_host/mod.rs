@@ -3,7 +3,7 @@
 //!
 //! The responder is a QP of this process ([`Target::Local`]) or of another process on this
 //! host, whose context and segments are mapped here ([`RemoteQp`], found through the host's
-//! directory and kept in [`peers`]). Either way the responder's semantics run here and the
+//! directory and kept in [`peers()`]). Either way the responder's semantics run here and the
 //! target runs no code: a peer that spins on its own memory, as `ib_write_lat` does, sees the
 //! bytes land. Bytes of a peer's plain (not `memfd`) memory are reached by cross-memory
 //! attach (the spans [`RemoteQp`] places carry the owner's pid).
