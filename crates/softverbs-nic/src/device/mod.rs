@@ -1,4 +1,10 @@
-//! Software devices, the in-process fabric that finds them by address, and their attributes.
+//! Software devices and the in-process fabric that finds them by address.
+//!
+//! A device owns what every object opened on it shares: its configuration and limits
+//! (`resource`), its key table and layout containers, its clock, its QP numbers and table of
+//! live QPs (`qpn`, with the host-wide `directory`), its port and the contexts told about
+//! it ([`Context`], [`event`]), and the timer thread for deferred work (`progress`). What
+//! the query verbs report is in `attr`.
 
 mod attr;
 mod context;

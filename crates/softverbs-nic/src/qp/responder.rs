@@ -16,7 +16,7 @@ use crate::device::Device;
 use crate::mr::access::{self, AtomicOp, Span};
 use crate::mr::keys::{KeyTable, Pin};
 use crate::mr::ordering::Placement;
-use crate::mr::resolve::{pin_range, pin_sges};
+use crate::mr::resolve::{Pinned, pin_range, pin_sges};
 use crate::types::{
     AccessFlags, AhAttr, AsyncEventType, GRH_LEN, Gid, QpType, WcFlags, WcOpcode, WcStatus,
 };
@@ -189,6 +189,27 @@ fn no_receive<R: Responder>(target: &R, req: &Request<'_>) -> Response {
     }
 }
 
+/// Pins `len` bytes of the responder's region `rkey` at `addr` with `need`, placed where the
+/// executing process reaches them; `None` is a remote access error. A layout key resolves to
+/// its pieces.
+fn remote_range<R: Responder>(
+    target: &R,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    need: AccessFlags,
+) -> Option<Pinned<'_>> {
+    pin_range(
+        target.keys(),
+        target.pd_id(),
+        rkey,
+        addr,
+        len,
+        need,
+        |p, h, n| target.place(p, h, n),
+    )
+}
+
 const REQ_ERR: Option<AsyncEventType> = Some(AsyncEventType::QpReqErr);
 const ACCESS_ERR: Option<AsyncEventType> = Some(AsyncEventType::QpAccessErr);
 
@@ -205,16 +226,7 @@ fn write<R: Responder>(
     }
     // A zero-length WRITE checks no key (IBA 9.4.4).
     let remote = if len > 0 {
-        let need = AccessFlags::REMOTE_WRITE;
-        match pin_range(
-            target.keys(),
-            target.pd_id(),
-            rkey,
-            remote_addr,
-            len,
-            need,
-            |p, h, n| target.place(p, h, n),
-        ) {
+        match remote_range(target, rkey, remote_addr, len, AccessFlags::REMOTE_WRITE) {
             Some(r) => Some(r),
             None => return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR),
         }
@@ -262,16 +274,8 @@ fn read<R: Responder>(
         return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
     }
     if len > 0 {
-        let need = AccessFlags::REMOTE_READ;
-        let Some(src) = pin_range(
-            target.keys(),
-            target.pd_id(),
-            rkey,
-            remote_addr,
-            len,
-            need,
-            |p, h, n| target.place(p, h, n),
-        ) else {
+        let Some(src) = remote_range(target, rkey, remote_addr, len, AccessFlags::REMOTE_READ)
+        else {
             return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
         };
         // SAFETY: the source is pinned in the responder's registration with REMOTE_READ; the
@@ -295,16 +299,8 @@ fn atomic<R: Responder>(
     if !access.contains(AccessFlags::REMOTE_ATOMIC) {
         return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
     }
-    let need = AccessFlags::REMOTE_ATOMIC;
-    let Some(remote) = pin_range(
-        target.keys(),
-        target.pd_id(),
-        rkey,
-        remote_addr,
-        8,
-        need,
-        |p, h, n| target.place(p, h, n),
-    ) else {
+    let Some(remote) = remote_range(target, rkey, remote_addr, 8, AccessFlags::REMOTE_ATOMIC)
+    else {
         return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
     };
     // post_send rejects unaligned remote IOVAs, but a region registered at an IOVA with a
