@@ -10,6 +10,7 @@
 use super::wr::SendOp;
 use crate::device::Device;
 use crate::mr::resolve::Spans;
+use crate::pd::Ah;
 use crate::types::{AhAttr, Gid, QpType, WcStatus};
 use std::sync::Weak;
 use std::time::Duration;
@@ -73,19 +74,20 @@ pub(crate) trait Deliver {
     /// A responder, reached for one request.
     type Target;
 
-    /// The responder an RC/UC QP is connected to: QP `qpn` of `dev`, the device the QP's
-    /// path leads to. Once found it is remembered in `peer`: a QP that later takes its number
-    /// is a stranger whose PSNs would not match, so it is never delivered to. `None`: nothing
-    /// answers there.
+    /// The responder an RC/UC QP is connected to: QP `qpn` at the end of its path `av`
+    /// (`dev`: the device of this host `av` names, found when the QP was connected, if any).
+    /// Once found it is remembered in `peer`: a QP that later takes its number is a stranger
+    /// whose PSNs would not match, so it is never delivered to. `None`: nothing answers there.
     fn responder(
         &self,
         peer: &mut Option<Self::Peer>,
+        av: &AhAttr,
         dev: &Weak<Device>,
         qpn: u32,
     ) -> Option<Self::Target>;
 
-    /// UD: QP `qpn` of `dev`, found anew for each message.
-    fn ud_responder(&self, dev: &Device, qpn: u32) -> Option<Self::Target>;
+    /// UD: QP `qpn` where address handle `ah` leads, found anew for each message.
+    fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target>;
 
     /// Carries `req` to `to` and brings back the answer.
     fn deliver(&self, to: &Self::Target, req: &Request<'_>) -> Response;

@@ -34,7 +34,8 @@ impl Qp {
         if self.qp_type == QpType::Ud {
             return self.execute_ud(st, w, &local);
         }
-        let Some(target) = self.responder(&mut st.peer, &st.peer_dev, st.attr.dest_qp_num) else {
+        let (av, qpn) = (&st.attr.ah_attr, st.attr.dest_qp_num);
+        let Some(target) = self.responder(&mut st.peer, av, &st.peer_dev, qpn) else {
             return self.lost(local.len);
         };
         if !self.dev.port_active() {
@@ -57,12 +58,7 @@ impl Qp {
         if !self.dev.port_active() {
             return self.lost(len);
         }
-        let Some(target) = ud
-            .ah
-            .target
-            .upgrade()
-            .and_then(|d| self.ud_responder(&d, ud.remote_qpn))
-        else {
+        let Some(target) = self.ud_responder(&ud.ah, ud.remote_qpn) else {
             return self.lost(len);
         };
         // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).

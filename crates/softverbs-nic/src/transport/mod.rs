@@ -18,8 +18,9 @@
 //!   against the target's device memory: a QP of this process, or one of another process on
 //!   this host, mapped here. Nothing runs in the target.
 //! - RoCEv2 (`transport/roce/`, from the sans-IO protocol core in `softverbs-roce`): its
-//!   [`Transport::responder`] resolves the path to a remote address instead of a device of
-//!   this host; [`Transport::deliver`] hands the request to the protocol core, which reads
+//!   [`Transport::responder`] and [`Transport::ud_responder`] take the path's address (the
+//!   GID of another host) where the same-host transport takes the device of this host it
+//!   names; [`Transport::deliver`] hands the request to the protocol core, which reads
 //!   the requester's spans into packets; on the target's host the host engine, which maps
 //!   the QP contexts of the processes it serves (demultiplexed by QPN through
 //!   [`crate::device::directory`]), runs [`crate::qp::responder::respond`] against a
@@ -33,8 +34,10 @@
 pub(crate) mod same_host;
 
 use crate::device::Device;
+use crate::pd::Ah;
 use crate::qp::Qp;
 use crate::qp::request::{Deliver, Request, Response};
+use crate::types::AhAttr;
 use same_host::SameHost;
 use std::sync::Weak;
 
@@ -45,17 +48,18 @@ pub(crate) trait Transport {
     /// A responder, reached for one request.
     type Target;
 
-    /// The responder an RC/UC QP is connected to: QP `qpn` at the end of its path (`dev`, the
-    /// device of this host the path leads to), remembered in `peer` once found.
+    /// The responder an RC/UC QP is connected to: QP `qpn` at the end of path `av` (`dev`: the
+    /// device of this host `av` names, if any), remembered in `peer` once found.
     fn responder(
         &self,
         peer: &mut Option<Self::Peer>,
+        av: &AhAttr,
         dev: &Weak<Device>,
         qpn: u32,
     ) -> Option<Self::Target>;
 
-    /// UD: QP `qpn` of `dev`, found for one message.
-    fn ud_responder(&self, dev: &Device, qpn: u32) -> Option<Self::Target>;
+    /// UD: QP `qpn` where `ah` leads, found for one message.
+    fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target>;
 
     /// Carries `req` to `to`'s side, has the responder's semantics run there, and brings the
     /// answer back.
@@ -75,15 +79,16 @@ impl Deliver for Qp {
     fn responder(
         &self,
         peer: &mut Option<Self::Peer>,
+        av: &AhAttr,
         dev: &Weak<Device>,
         qpn: u32,
     ) -> Option<Self::Target> {
-        SameHost.responder(peer, dev, qpn)
+        SameHost.responder(peer, av, dev, qpn)
     }
 
     #[inline]
-    fn ud_responder(&self, dev: &Device, qpn: u32) -> Option<Self::Target> {
-        SameHost.ud_responder(dev, qpn)
+    fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target> {
+        SameHost.ud_responder(ah, qpn)
     }
 
     #[inline]

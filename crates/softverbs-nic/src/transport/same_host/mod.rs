@@ -19,11 +19,12 @@ use crate::cq::Cqe;
 use crate::device::Device;
 use crate::mr::access::Span;
 use crate::mr::keys::{KeyTable, Pin};
+use crate::pd::Ah;
 use crate::qp::Qp;
 use crate::qp::request::{Request, Response};
 use crate::qp::responder::{Responder, respond};
 use crate::qp::rq::RecvWqe;
-use crate::types::{AccessFlags, AsyncEventType, Gid, QpType};
+use crate::types::{AccessFlags, AhAttr, AsyncEventType, Gid, QpType};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -61,6 +62,7 @@ impl Transport for SameHost {
     fn responder(
         &self,
         peer: &mut Option<CachedPeer>,
+        _: &AhAttr,
         dev: &Weak<Device>,
         qpn: u32,
     ) -> Option<Target> {
@@ -79,8 +81,8 @@ impl Transport for SameHost {
     }
 
     #[inline]
-    fn ud_responder(&self, dev: &Device, qpn: u32) -> Option<Target> {
-        find_target(dev, qpn)
+    fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Target> {
+        find_target(&*ah.target.upgrade()?, qpn)
     }
 
     #[inline]
