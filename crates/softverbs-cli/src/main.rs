@@ -10,6 +10,7 @@ mod perf;
 mod perf_cq;
 mod perf_noncontig;
 mod pingpong;
+mod report;
 mod run;
 
 use clap::{Parser, Subcommand};

@@ -27,7 +27,7 @@
 //! unlucky memory layout for the whole run.
 
 use crate::Result;
-use crate::perf::{count_arg, median, print_report};
+use crate::report::{count_arg, median, print_report};
 use serde::Serialize;
 use softverbs::compact::{self, SeedWcFlags as S};
 use softverbs::nic::clock::{Clock, WallClock};

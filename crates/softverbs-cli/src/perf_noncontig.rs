@@ -34,7 +34,7 @@
 //! the run.
 
 use crate::Result;
-use crate::perf::{count_arg, median, print_report};
+use crate::report::{count_arg, median, print_report};
 use serde::Serialize;
 use softverbs::{
     AccessFlags, CompletionQueue, Context, Datum, Dim, InterleavedEntry, MemoryRegion,

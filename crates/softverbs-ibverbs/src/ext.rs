@@ -1,6 +1,6 @@
 //! softverbs' own C extensions, declared in `include/softverbs/verbs_ext.h` and exported under
 //! the `SOFTVERBS_1.0` symbol version: the seed's `ibv_poll_cq_ex` (compact records laid out
-//! from the CQ's creation flags, see `softverbs_nic::compact`) and the CQ's creation flags in
+//! from the CQ's creation flags, see `softverbs_nic::cq::compact`) and the CQ's creation flags in
 //! the seed's numbering, which the header's `ibv_wc_ex_get*` helpers take.
 
 use crate::abi::ibv_cq;

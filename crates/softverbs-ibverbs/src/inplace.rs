@@ -18,7 +18,7 @@
 //!
 //! `SOFTVERBS_IBVERBS_INPLACE=0` turns this off.
 
-use softverbs_nic::keys::Backing;
+use softverbs_nic::mr::keys::Backing;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 

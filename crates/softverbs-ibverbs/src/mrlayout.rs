@@ -8,7 +8,7 @@
 //! The container is made by `ibv_reg_mr(pd, NULL, 0, IBV_ACCESS_ZERO_BASED | ...)` (see
 //! `sv_ibv_reg_mr_iova2`), the layout bind work request is `IBV_WR_BIND_MW` naming the
 //! container (see `send_wqe`), and `ibv_dereg_mr` answers EBUSY for a region a layout uses.
-//! The NIC does the work (`softverbs_nic::objects::Mr::set_layout`); this module converts the
+//! The NIC does the work (`softverbs_nic::pd::Mr::set_layout`); this module converts the
 //! C arguments, maps errors to the seed's codes and keeps the C `struct ibv_mr` (keys, length)
 //! in step with the NIC's.
 
@@ -17,9 +17,9 @@ use crate::set_errno;
 use crate::verbs::{inval, new_mr, nic_pd, null, with_live_ctx, with_live_mr};
 use core::ffi::{c_int, c_uint, c_void};
 use softverbs_nic::Error;
-use softverbs_nic::layout::{Datum, Dim, InterleavedEntry, Layout, LayoutCaps, SetLayoutFlags};
-use softverbs_nic::mrlayout::{LayoutSource, set_layout_code};
-use softverbs_nic::objects::Mr;
+use softverbs_nic::mr::layout::{Datum, Dim, InterleavedEntry, Layout, LayoutCaps, SetLayoutFlags};
+use softverbs_nic::mr::store::{LayoutSource, set_layout_code};
+use softverbs_nic::pd::Mr;
 use std::sync::Mutex;
 
 /// `IBV_MR_SET_LAYOUT_ERR_INPUT`, also returned (with errno ENOMEM or an OS errno) for
@@ -333,7 +333,7 @@ unsafe fn pd_and_array<'a, T>(
     pd: *mut ibv_pd,
     ptr: *const T,
     n: usize,
-) -> Option<(&'a std::sync::Arc<softverbs_nic::objects::Pd>, &'a [T])> {
+) -> Option<(&'a std::sync::Arc<softverbs_nic::pd::Pd>, &'a [T])> {
     // SAFETY: the caller's.
     let nic = unsafe { nic_pd(pd) }?;
     if ptr.is_null() || n == 0 || n > isize::MAX as usize / std::mem::size_of::<T>().max(1) {

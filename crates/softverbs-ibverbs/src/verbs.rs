@@ -4,15 +4,16 @@ use crate::abi::*;
 use crate::set_errno;
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use softverbs_nic::cq::{Channel, Cq, Cqe};
+use softverbs_nic::device::Context;
 use softverbs_nic::device::Device;
-use softverbs_nic::event::EventElement;
-use softverbs_nic::objects::{Context, Mr, Pd};
+use softverbs_nic::device::event::EventElement;
+use softverbs_nic::pd::{Mr, Pd};
+use softverbs_nic::qp::wr::{Payload, SendOp, SendWqe, UdDest};
 use softverbs_nic::qp::{Qp, QpAttr, QpCap, QpInit};
 use softverbs_nic::types::{
     AccessFlags, AhAttr, GlobalRoute, LinkLayer, Mtu, QpAttrMask, QpState, QpType, SendFlags, Sge,
     WrOpcode,
 };
-use softverbs_nic::wr::{Payload, SendOp, SendWqe, UdDest};
 use softverbs_nic::{Error, Result};
 use std::borrow::Cow;
 use std::cell::UnsafeCell;
@@ -107,7 +108,7 @@ struct SvPd {
 struct SvMr {
     mr: ibv_mr,
     nic: Option<Mr>,
-    backing: Option<softverbs_nic::keys::Backing>,
+    backing: Option<softverbs_nic::mr::keys::Backing>,
 }
 
 impl Drop for SvMr {
@@ -144,13 +145,13 @@ struct SvCq {
 #[repr(C)]
 struct SvAh {
     ah: ibv_ah,
-    nic: Arc<softverbs_nic::objects::Ah>,
+    nic: Arc<softverbs_nic::pd::Ah>,
 }
 
 #[repr(C)]
 struct SvSrq {
     srq: ibv_srq,
-    nic: Arc<softverbs_nic::rq::Srq>,
+    nic: Arc<softverbs_nic::qp::rq::Srq>,
     reg: Arc<Registry>,
 }
 
@@ -899,7 +900,7 @@ unsafe fn register(
     length: usize,
     iova: u64,
     access: c_uint,
-) -> softverbs_nic::Result<(Mr, Option<softverbs_nic::keys::Backing>)> {
+) -> softverbs_nic::Result<(Mr, Option<softverbs_nic::mr::keys::Backing>)> {
     let backing = crate::inplace::acquire(addr as usize, length);
     // SAFETY: verbs requires the buffer to stay valid until `ibv_dereg_mr`; the NIC reaches
     // it through this process's address space, and peers through the memfd it was moved into
@@ -1022,7 +1023,7 @@ pub(crate) fn new_mr(
     addr: *mut c_void,
     length: usize,
     nic: Mr,
-    backing: Option<softverbs_nic::keys::Backing>,
+    backing: Option<softverbs_nic::mr::keys::Backing>,
 ) -> *mut ibv_mr {
     let mr = ibv_mr {
         context,

@@ -12,8 +12,8 @@
 //! ```
 
 use crate::cq::RingState;
-use crate::ring::Ring;
-use crate::shm::Segment;
+use crate::device_memory::ring::Ring;
+use crate::device_memory::segment::Segment;
 
 /// One thread of an inspected process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,7 +150,7 @@ impl std::fmt::Display for ProcessReport {
 mod tests {
     use super::*;
     use crate::cq::{Channel, Cq, Cqe};
-    use crate::event::AsyncQueue;
+    use crate::device::event::AsyncQueue;
     use crate::types::WcExFlags;
     use std::sync::Arc;
 

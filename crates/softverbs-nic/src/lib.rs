@@ -1,48 +1,44 @@
 //! The softverbs software RDMA NIC.
 //!
 //! Think of it as a NIC whose firmware is a Rust library: device memory (queues, CQ rings, the
-//! key table) is plain `#[repr(C)]` data in shared `memfd` segments, and requester/responder
-//! logic is a set of functions the initiator runs against its target's device memory. It knows
-//! nothing of the public `softverbs` API, which wraps it.
+//! key table, QP contexts) is plain `#[repr(C)]` data in shared `memfd` segments, and
+//! requester/responder logic is a set of functions run against the target's device memory. It
+//! knows nothing of the public `softverbs` API, which wraps it.
 //!
-//! Module map:
-//! - [`types`]: verbs vocabulary (flags, opcodes, statuses, states).
-//! - [`config`], [`device`]: devices, their limits and attributes, the in-process fabric.
-//! - [`shm`], [`ring`]: shared segments and the lock-free slot ring every queue is built on.
-//! - [`cq`], [`rq`], [`keys`]: completion queues (rings, channels, the arm/event protocol in
-//!   `cq::notify`), receive queues/SRQs, the memory-key table;
-//!   [`compact`]: the seed's compact completion records.
-//! - [`objects`], [`qp`], [`wr`]: contexts, PDs, MRs, AHs, queue pairs, work requests.
-//! - `exec`, `mem`: executing a work request, and the memory accessor that moves bytes.
-//! - [`ordering`]: strict and relaxed placement, and the ordering check.
-//! - [`layout`]: non-contiguous layouts (seed 002): SG, interleaved, page lists, nesting;
-//!   [`mrlayout`]: layouts in the key table, shared with peers, resolved on the data path.
-//! - `progress`: the timer thread for RNR and ACK retries.
+//! Module map, lowest layer first; a module imports only from the layers before it, and
+//! nothing but `transport` knows a transport:
+//! - [`types`], [`error`], [`config`], [`clock`]: verbs vocabulary, errors, device
+//!   configuration, the device clock.
+//! - [`device_memory`]: shared `memfd` segments, the lock-free slot ring every queue is built
+//!   on, doorbells, and descriptors handed to other processes.
+//! - [`mr`]: memory regions on the data path: the key table, the memory accessor (the one
+//!   place bytes move), strict and relaxed placement, and non-contiguous layouts (the engine,
+//!   their store in shared memory, resolution into spans, the containers' registry).
+//! - [`device`]: devices, their attributes and limits, QP numbers and the host's directory of
+//!   QPs, async events, contexts, the timer thread for deferred work.
+//! - [`cq`]: completion queues (rings, channels, the arm/event protocol in `cq::notify`, the
+//!   seed's compact records, cursors).
+//! - [`pd`]: protection domains, memory regions (and their layouts), address handles.
+//! - [`qp`]: queue pairs: the QP context in device memory, the state machine, receive queues
+//!   and SRQs, work requests, the send-queue driver, and the requester's and responder's
+//!   semantics of every work request.
+//! - `transport`: how a request reaches its responder: the boundary, and the same-host
+//!   transport (the initiator executes against a QP of this process, or of another process of
+//!   this host mapped here). RoCEv2 will be the second.
 //! - [`inspect`]: another process's CQ rings and threads, read through `/proc` (hang reports).
 
 pub mod clock;
-pub mod compact;
 pub mod config;
 pub mod cq;
 pub mod device;
+pub mod device_memory;
 pub mod error;
-pub mod event;
-mod exec;
 pub mod inspect;
-pub mod keys;
-pub mod layout;
-mod mem;
-pub mod mrlayout;
-pub mod objects;
-pub mod ordering;
-mod peer;
-mod progress;
+pub mod mr;
+pub mod pd;
 pub mod qp;
-pub mod ring;
-pub mod rq;
-pub mod shm;
+pub(crate) mod transport;
 pub mod types;
-pub mod wr;
 
 pub use error::{Error, Result};
-pub use exec::GRH_LEN;
+pub use types::GRH_LEN;

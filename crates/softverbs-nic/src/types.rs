@@ -165,7 +165,7 @@ verbs_enum!(
         RdmaRead = 4,
         AtomicCmpAndSwp = 5,
         AtomicFetchAndAdd = 6,
-        /// `IBV_WR_BIND_MW`; softverbs uses it for [`SendOp::BindLayout`](crate::wr::SendOp::BindLayout).
+        /// `IBV_WR_BIND_MW`; softverbs uses it for [`SendOp::BindLayout`](crate::qp::wr::SendOp::BindLayout).
         BindMw = 8,
     }
 );
@@ -277,6 +277,9 @@ verbs_enum!(
         WqFatal = 19,
     }
 );
+
+/// Bytes reserved at the start of every UD receive buffer for the GRH.
+pub const GRH_LEN: usize = 40;
 
 /// A 128-bit global identifier (an IPv6 address for RoCE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -4,8 +4,8 @@ use crate::cq::{CompletionChannel, CompletionQueue};
 use crate::mr::ProtectionDomain;
 use crate::{AsyncEvent, DeviceAttr, DeviceConfig, Gid, Limits, LinkLayer, Mtu, PortAttr, Result};
 use rustix::fd::BorrowedFd;
+use softverbs_nic::device::Context as NicContext;
 use softverbs_nic::device::Device as NicDevice;
-use softverbs_nic::objects::Context as NicContext;
 use std::sync::Arc;
 
 /// The RDMA devices of this process (`ibv_get_device_list`).
@@ -58,7 +58,7 @@ impl Device {
     /// this device places in scrambled order into a relaxed-ordering region (of a device
     /// built with [`DeviceBuilder::ordering_check`]), on the placing thread, before the next
     /// piece. Tests use it to look at (or let another thread look at) the torn state a
-    /// last-byte poller would see; see [`crate::nic::ordering`].
+    /// last-byte poller would see; see [`crate::nic::mr::ordering`].
     pub fn set_ordering_observer(&self, observer: Option<crate::OrderingObserver>) {
         self.inner.set_ordering_observer(observer);
     }

@@ -52,29 +52,29 @@ pub use qp::{
 };
 
 pub use softverbs_nic::config::{DeviceConfig, ENV_DEVICES, Limits};
+pub use softverbs_nic::device::event::{AsyncEvent, EventElement};
 pub use softverbs_nic::device::{DeviceAttr, PortAttr, cap_flags};
-pub use softverbs_nic::event::{AsyncEvent, EventElement};
-pub use softverbs_nic::ordering::{OrderingObserver, ScrambledPiece};
+pub use softverbs_nic::mr::ordering::{OrderingObserver, ScrambledPiece};
+pub use softverbs_nic::qp::wr::SendOp;
 pub use softverbs_nic::qp::{PostError, QpAttr, QpCap};
 pub use softverbs_nic::types::{
     AccessFlags, AhAttr, AsyncEventType, AtomicCap, Gid, GlobalRoute, LinkLayer, Mtu, PortState,
     QpAttrMask, QpState, QpType, SendFlags, Sge, WcExFlags, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
-pub use softverbs_nic::wr::SendOp;
 
 /// Seed 002's non-contiguous layouts: see [`ProtectionDomain::create_layout_mr`],
 /// [`MemoryRegion::set_layout_sg`], [`MemoryRegion::set_layout_interleaved`],
 /// [`ProtectionDomain::reg_mr_pages`] and [`SendOp::BindLayout`].
-pub use softverbs_nic::layout::{
+pub use softverbs_nic::mr::layout::{
     Datum, Dim, InterleavedEntry, Layout, LayoutCapFlags, LayoutCaps, LayoutError, PLAIN_KEY,
     SetLayoutFlags,
 };
-pub use softverbs_nic::mrlayout::set_layout_code;
+pub use softverbs_nic::mr::store::set_layout_code;
 pub use softverbs_nic::{Error, GRH_LEN};
 
 /// Seed 000's compact completion records: the layout of [`CompletionQueue::poll_ex`]'s
 /// output and its `get_offsetof*`, `get*` and `get_size` helpers.
-pub use softverbs_nic::compact;
+pub use softverbs_nic::cq::compact;
 
 /// Another process's completion queues and threads, read through `/proc`: what a hung RDMA
 /// program is waiting for (`softverbs inspect PID` prints it).

@@ -9,10 +9,10 @@ use crate::qp::{AddressHandle, QpInitAttr, QueuePair, SharedReceiveQueue, SrqAtt
 use crate::{
     AccessFlags, AhAttr, Datum, Error, InterleavedEntry, Layout, Result, SetLayoutFlags, Sge,
 };
-use softverbs_nic::mrlayout::LayoutSource;
-use softverbs_nic::objects::{Mr, Pd};
+use softverbs_nic::device_memory::segment::Segment;
+use softverbs_nic::mr::store::LayoutSource;
+use softverbs_nic::pd::{Mr, Pd};
 use softverbs_nic::qp::QpInit;
-use softverbs_nic::shm::Segment;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::Arc;
@@ -68,7 +68,7 @@ impl ProtectionDomain {
     /// `Error::InvalidArgument` (EINVAL), as in [`reg_mr`](Self::reg_mr).
     ///
     /// A relaxed-ordering region may receive a message's bytes in any order: read it after
-    /// the completion, not by polling its last byte (see [`softverbs::nic::ordering`](crate::nic::ordering)).
+    /// the completion, not by polling its last byte (see [`softverbs::nic::mr::ordering`](crate::nic::mr::ordering)).
     pub fn reg_mr_iova2<'a>(
         &self,
         buf: &'a mut [u8],
@@ -112,7 +112,7 @@ impl ProtectionDomain {
                 seg.as_ptr() as u64,
                 access.bits(),
                 // Peer processes map the memfd and place data with plain stores.
-                Some(softverbs_nic::keys::Backing {
+                Some(softverbs_nic::mr::keys::Backing {
                     fd: std::os::fd::AsRawFd::as_raw_fd(&seg.fd()),
                     ino: seg.inode(),
                     offset: 0,
@@ -326,7 +326,7 @@ impl MemoryRegion<'_> {
 
     /// `ibv_mr_set_layout_interleaved` (seed 002): this layout container becomes the
     /// round-robin of `entries`, each a first datum, `num_repeated` and dimensions of
-    /// (`offset_stride`, `datum_count`) — see [`crate::nic::layout`] for the exact reading of
+    /// (`offset_stride`, `datum_count`) — see [`crate::nic::mr::layout`] for the exact reading of
     /// the seed's pseudo-code. Flags, errors and keys as for
     /// [`set_layout_sg`](Self::set_layout_sg) (`max_inline_num_interleaved` entries fit without
     /// changing the keys).

@@ -5,10 +5,10 @@ use crate::{
     AccessFlags, AhAttr, Gid, GlobalRoute, LinkLayer, PostError, QpAttr, QpAttrMask, QpCap,
     QpState, QpType, Result, SendFlags, SendOp, Sge,
 };
-use softverbs_nic::objects::Ah;
+use softverbs_nic::pd::Ah;
 use softverbs_nic::qp::Qp;
-use softverbs_nic::rq::Srq;
-use softverbs_nic::wr::{Payload, SendWqe, UdDest};
+use softverbs_nic::qp::rq::Srq;
+use softverbs_nic::qp::wr::{Payload, SendWqe, UdDest};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -233,7 +233,7 @@ impl QueuePair {
         self.inner_pd().context().device()
     }
 
-    fn inner_pd(&self) -> &Arc<softverbs_nic::objects::Pd> {
+    fn inner_pd(&self) -> &Arc<softverbs_nic::pd::Pd> {
         self.inner.pd()
     }
 

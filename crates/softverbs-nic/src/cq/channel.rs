@@ -2,8 +2,8 @@
 //! doorbell, whichever process added the completion.
 
 use super::{Cq, notify};
+use crate::device_memory::doorbell::Doorbell;
 use crate::error::{Error, Result};
-use crate::event::Doorbell;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};

@@ -3,14 +3,18 @@
 //! arming, completing and collecting events agree across processes (`notify`).
 
 mod channel;
+pub mod compact;
 mod notify;
 
 pub use channel::Channel;
 
-use crate::compact::Layout;
+use crate::cq::compact::Layout;
+use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
+use crate::device::{Context, Resource};
+use crate::device_memory::export::Export;
+use crate::device_memory::ring::{InPlace, Ring, SlotPayload};
+use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, AsyncQueue, EventElement};
-use crate::ring::{InPlace, Ring, SlotPayload};
 use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -234,9 +238,9 @@ pub struct Cq {
     ring: RwLock<Rings>,
     /// `ring.cur` has been handed out for peers to map (see `Cq::export_into`).
     exported: std::sync::atomic::AtomicBool,
-    /// The contexts of the QPs that complete receives here: a resize points them at the new
-    /// ring.
-    qp_ctxs: Mutex<Vec<Weak<crate::shm::Segment>>>,
+    /// Where `ring.cur` is named for peers (a segment, and the offset of an [`Export`] in it:
+    /// the context of each QP that completes receives here): a resize names the new ring there.
+    named_in: Mutex<Vec<(Weak<Segment>, usize)>>,
     /// The device's `max_cqe`: the most a resize may ask for.
     max_cqe: u32,
     /// The fields the CQ was created to return, and their compact-record layout.
@@ -251,6 +255,41 @@ pub struct Cq {
     events_delivered: AtomicU32,
     events_acked: AtomicU32,
     _count: Option<crate::device::Counted>,
+}
+
+impl Context {
+    /// Creates a completion queue of at least `cqe` entries.
+    pub fn create_cq(self: &Arc<Self>, cqe: u32, channel: Option<Arc<Channel>>) -> Result<Arc<Cq>> {
+        self.create_cq_ex(cqe, channel, WcExFlags::STANDARD)
+    }
+
+    /// Creates a CQ that returns the fields in `wc_flags` (checked by the caller against
+    /// [`WcExFlags::SUPPORTED`]).
+    pub fn create_cq_ex(
+        self: &Arc<Self>,
+        cqe: u32,
+        channel: Option<Arc<Channel>>,
+        wc_flags: WcExFlags,
+    ) -> Result<Arc<Cq>> {
+        let max = self.dev.config.limits.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(inval(format!("cqe {cqe} (1..={max})")));
+        }
+        let count = self.dev.acquire(Resource::Cq)?;
+        let dev = self.dev.clone();
+        let retire = Arc::new(move |qpn: u32, seq: u32| dev.retire_sq(qpn, seq));
+        let cq = Cq::new(
+            self.dev.next_id(),
+            (cqe, max),
+            channel,
+            self.events.clone(),
+            retire,
+            self.dev.clock,
+            Some(count),
+            wc_flags,
+        )?;
+        Ok(cq)
+    }
 }
 
 impl Cq {
@@ -279,10 +318,10 @@ impl Cq {
                 old: Vec::new(),
             }),
             exported: std::sync::atomic::AtomicBool::new(false),
-            qp_ctxs: Mutex::new(Vec::new()),
+            named_in: Mutex::new(Vec::new()),
             max_cqe,
             wc_flags,
-            layout: Layout::new(crate::compact::seed_flags(wc_flags)),
+            layout: Layout::new(crate::cq::compact::seed_flags(wc_flags)),
             user_context: AtomicU64::new(0),
             channel,
             async_events,
@@ -354,17 +393,17 @@ impl Cq {
         self.channel.as_ref()
     }
 
-    /// Names the current ring in QP context `ctx` (a `QpCtx`), where peers find it, and
-    /// keeps `ctx` to name the new ring after a resize.
-    pub(crate) fn export_into(&self, ctx: &Arc<crate::shm::Segment>) {
+    /// Names the current ring in the [`Export`] at offset `at` of `seg` (a QP context's
+    /// `cq`), where peers find it, and keeps that place to name the new ring after a resize.
+    pub(crate) fn export_into(&self, seg: &Arc<Segment>, at: usize) {
         let rings = self.read_ring();
-        let seg = rings.cur.segment();
-        let c: &crate::peer::QpCtx = ctx.at(0);
-        c.cq.set(seg.fd().as_raw_fd(), seg.inode());
+        let ring = rings.cur.segment();
+        seg.at::<Export>(at)
+            .set(ring.fd().as_raw_fd(), ring.inode());
         self.exported.store(true, Ordering::Release);
-        let mut ctxs = self.qp_ctxs.lock().unwrap_or_else(|e| e.into_inner());
-        ctxs.retain(|w| w.strong_count() > 0);
-        ctxs.push(Arc::downgrade(ctx));
+        let mut named = self.named_in.lock().unwrap_or_else(|e| e.into_inner());
+        named.retain(|(w, _)| w.strong_count() > 0);
+        named.push((Arc::downgrade(seg), at));
     }
 
     /// The ring, for tests that play a peer.
@@ -510,7 +549,7 @@ impl Cq {
             ($($g:literal)*) => {
                 match self.layout.groups() {
                     $($g => self.fill_records::<$g>(ring, buf, max, wall),)*
-                    _ => self.fill_records::<{ crate::compact::GROUPS_ALL }>(ring, buf, max, wall),
+                    _ => self.fill_records::<{ crate::cq::compact::GROUPS_ALL }>(ring, buf, max, wall),
                 }
             };
         }
@@ -629,10 +668,9 @@ impl Cq {
             // it moved (in that order: a peer that sees the flag finds the new name).
             let new = Arc::new(new);
             let seg = new.segment();
-            let ctxs = self.qp_ctxs.lock().unwrap_or_else(|e| e.into_inner());
-            for ctx in ctxs.iter().filter_map(Weak::upgrade) {
-                let c: &crate::peer::QpCtx = ctx.at(0);
-                c.cq.set(seg.fd().as_raw_fd(), seg.inode());
+            let named = self.named_in.lock().unwrap_or_else(|e| e.into_inner());
+            for (ctx, at) in named.iter().filter_map(|(w, at)| Some((w.upgrade()?, *at))) {
+                ctx.at::<Export>(at).set(seg.fd().as_raw_fd(), seg.inode());
                 self.exported.store(true, Ordering::Release);
             }
             let old = std::mem::replace(&mut rings.cur, new);
@@ -860,8 +898,8 @@ mod tests {
         let size = c.layout().size();
         let mut buf = vec![0u8; 4 * size];
         assert_eq!(c.poll_compact(&mut buf, 4), 2);
-        let ids: Vec<u64> = crate::compact::records(&buf, size, 2)
-            .map(|r| crate::compact::header(r).wr_id)
+        let ids: Vec<u64> = crate::cq::compact::records(&buf, size, 2)
+            .map(|r| crate::cq::compact::header(r).wr_id)
             .collect();
         assert_eq!(ids, [6, 101]);
     }

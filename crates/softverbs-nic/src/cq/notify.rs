@@ -26,9 +26,9 @@
 //! which explore every interleaving of the parties and every value the memory model lets each
 //! load return, and report a lost event as a deadlock.
 
+use crate::device_memory::doorbell::Doorbell;
+use crate::device_memory::ring::Ring;
 use crate::error::Result;
-use crate::event::Doorbell;
-use crate::ring::Ring;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Not armed.

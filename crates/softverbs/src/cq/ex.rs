@@ -3,7 +3,7 @@
 use super::{CompletionChannel, CompletionQueue};
 use crate::{Context, Error, Result, WcExFlags};
 use bitflags::bitflags;
-use softverbs_nic::compact::SeedWcFlags;
+use softverbs_nic::cq::compact::SeedWcFlags;
 
 bitflags! {
     /// `enum ibv_create_cq_attr_flags` as seed 000 defines it.

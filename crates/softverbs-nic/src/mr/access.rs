@@ -9,7 +9,7 @@
 //! system call costs about as much as a whole same-host operation through a mapping, so
 //! mapped memory is the fast path and cross-memory attach the fallback.
 
-use crate::ordering::{self, Placement, ScrambledPiece};
+use crate::mr::ordering::{self, Placement, ScrambledPiece};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 
 /// A range of bytes: in this process (`pid` 0), or in process `pid`'s address space.

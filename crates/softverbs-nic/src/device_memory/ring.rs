@@ -9,8 +9,8 @@
 //! Layout (offsets in bytes): `0` header (magic, version, capacity, stride, then 48 bytes for
 //! the owner's fields), `64` consumer index, `128` producer index, `192` slots.
 
+use crate::device_memory::segment::Segment;
 use crate::error::Result;
-use crate::shm::Segment;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const MAGIC: u32 = 0x5249_4e47; // "RING"

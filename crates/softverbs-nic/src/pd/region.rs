@@ -1,138 +1,17 @@
-//! Device contexts, protection domains, memory regions and address handles.
+//! Memory regions: registration, layout containers and page-list registrations, and setting
+//! a non-contiguous layout on a container.
 
-use crate::cq::{Channel, Cq};
-use crate::device::{Counted, Device, PORT_NUM, Resource};
+use super::Pd;
+use crate::device::{Counted, Resource};
 use crate::error::{Error, Result, inval};
-use crate::event::AsyncQueue;
-use crate::layout::{Layout, LayoutCaps, LayoutError, Replacement, SetLayoutFlags};
-use crate::mrlayout::{LayoutSource, Prepared, set_layout_error};
-use crate::qp::{Qp, QpInit};
-use crate::rq::Srq;
-use crate::types::{AccessFlags, AhAttr, LinkLayer, WcExFlags};
+use crate::mr::container::{LayoutState, MrShared};
+use crate::mr::layout::{Layout, LayoutCaps, LayoutError, Replacement, SetLayoutFlags};
+use crate::mr::store::{LayoutSource, Prepared, set_layout_error};
+use crate::types::AccessFlags;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-
-/// An open device (`struct ibv_context`): owns the async event queue.
-pub struct Context {
-    pub(crate) dev: Arc<Device>,
-    pub(crate) events: Arc<AsyncQueue>,
-}
-
-impl Context {
-    /// Opens `dev`.
-    pub fn open(dev: Arc<Device>) -> Result<Arc<Context>> {
-        let events = Arc::new(AsyncQueue::new()?);
-        dev.attach_context(&events);
-        Ok(Arc::new(Context { dev, events }))
-    }
-
-    /// The device.
-    pub fn device(&self) -> &Arc<Device> {
-        &self.dev
-    }
-
-    /// The async event queue (its fd is readable while events wait).
-    pub fn events(&self) -> &AsyncQueue {
-        &self.events
-    }
-
-    /// Allocates a protection domain.
-    pub fn alloc_pd(self: &Arc<Self>) -> Result<Arc<Pd>> {
-        let count = self.dev.acquire(Resource::Pd)?;
-        Ok(Arc::new(Pd {
-            id: self.dev.next_id(),
-            ctx: self.clone(),
-            _count: count,
-        }))
-    }
-
-    /// Creates a completion queue of at least `cqe` entries.
-    pub fn create_cq(self: &Arc<Self>, cqe: u32, channel: Option<Arc<Channel>>) -> Result<Arc<Cq>> {
-        self.create_cq_ex(cqe, channel, WcExFlags::STANDARD)
-    }
-
-    /// Creates a CQ that returns the fields in `wc_flags` (checked by the caller against
-    /// [`WcExFlags::SUPPORTED`]).
-    pub fn create_cq_ex(
-        self: &Arc<Self>,
-        cqe: u32,
-        channel: Option<Arc<Channel>>,
-        wc_flags: WcExFlags,
-    ) -> Result<Arc<Cq>> {
-        let max = self.dev.config.limits.max_cqe;
-        if cqe == 0 || cqe > max {
-            return Err(inval(format!("cqe {cqe} (1..={max})")));
-        }
-        let count = self.dev.acquire(Resource::Cq)?;
-        let dev = self.dev.clone();
-        let retire = Arc::new(move |qpn: u32, seq: u32| dev.retire_sq(qpn, seq));
-        let cq = Cq::new(
-            self.dev.next_id(),
-            (cqe, max),
-            channel,
-            self.events.clone(),
-            retire,
-            self.dev.clock,
-            Some(count),
-            wc_flags,
-        )?;
-        Ok(cq)
-    }
-}
-
-/// A protection domain.
-pub struct Pd {
-    pub(crate) id: u32,
-    pub(crate) ctx: Arc<Context>,
-    _count: Counted,
-}
+use std::sync::{Arc, Mutex};
 
 impl Pd {
-    /// Device-wide id.
-    pub fn id(&self) -> u32 {
-        self.id
-    }
-
-    /// The context the PD belongs to.
-    pub fn context(&self) -> &Arc<Context> {
-        &self.ctx
-    }
-
-    /// Checks `access` the way `ibv_reg_mr` does and returns the flags that take effect.
-    ///
-    /// Unknown mandatory bits and remote write/atomic without local write are invalid;
-    /// known mandatory bits this device lacks are unsupported; optional bits (20..=29) the
-    /// device implements ([`AccessFlags::SUPPORTED_OPTIONAL`]) are kept and the others
-    /// dropped.
-    pub fn effective_access(raw: u32) -> Result<AccessFlags> {
-        let optional = raw & AccessFlags::OPTIONAL_RANGE;
-        let mandatory = raw & !AccessFlags::OPTIONAL_RANGE;
-        let known = AccessFlags::all().bits() & !AccessFlags::OPTIONAL_RANGE;
-        if mandatory & !known != 0 {
-            return Err(inval(format!(
-                "unknown access bits {:#x}",
-                mandatory & !known
-            )));
-        }
-        let flags = AccessFlags::from_bits_retain(mandatory);
-        if flags.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-            && !flags.contains(AccessFlags::LOCAL_WRITE)
-        {
-            return Err(inval("REMOTE_WRITE or REMOTE_ATOMIC requires LOCAL_WRITE"));
-        }
-        let missing = flags - AccessFlags::SUPPORTED_MR;
-        if !missing.is_empty() {
-            return Err(Error::Unsupported(format!(
-                "access flags {missing:?} are not implemented by softverbs"
-            )));
-        }
-        // Optional bits are hints a device may ignore (rdma-core's `ibv_reg_mr_iova2`
-        // contract), so the ones softverbs lacks vanish instead of failing; the MR reports
-        // what is left, which is what its placement follows.
-        let kept = AccessFlags::from_bits_retain(optional) & AccessFlags::SUPPORTED_OPTIONAL;
-        Ok(flags | kept)
-    }
-
     /// Registers `len` bytes at `addr`, addressed by the peer as `iova` (ignored for
     /// `ZERO_BASED`, whose IOVAs start at 0).
     ///
@@ -146,7 +25,7 @@ impl Pd {
         len: usize,
         iova: u64,
         access: u32,
-        backing: Option<crate::keys::Backing>,
+        backing: Option<crate::mr::keys::Backing>,
     ) -> Result<Mr> {
         let effective = Self::effective_access(access)?;
         let dev = &self.ctx.dev;
@@ -204,7 +83,7 @@ impl Pd {
             layout: Some(Mutex::new(LayoutState::default())),
         });
         mr.shared = shared.clone();
-        self.ctx.dev.layout_register(mr.key(), &shared);
+        self.ctx.dev.layouts.register(mr.key(), &shared);
         Ok(mr)
     }
 
@@ -265,7 +144,10 @@ impl Pd {
 
     fn reg_pages_layout(self: &Arc<Self>, src: LayoutSource, iova: u64, access: u32) -> Result<Mr> {
         let compiled = src
-            .compile(&LayoutCaps::DEFAULT, |_| None::<&crate::layout::Compiled>)
+            .compile(
+                &LayoutCaps::DEFAULT,
+                |_| None::<&crate::mr::layout::Compiled>,
+            )
             .map_err(set_layout_error)?;
         let max = self.ctx.dev.config.limits.max_mr_size;
         if compiled.len() > max {
@@ -281,69 +163,6 @@ impl Pd {
         mr.install(&src, compiled, true, SetLayoutFlags::empty())?;
         Ok(mr)
     }
-
-    /// Creates an address handle for UD sends.
-    pub fn create_ah(self: &Arc<Self>, attr: &AhAttr) -> Result<Arc<Ah>> {
-        let dev = &self.ctx.dev;
-        check_av(dev, attr)?;
-        let count = dev.acquire(Resource::Ah)?;
-        Ok(Arc::new(Ah {
-            attr: *attr,
-            pd: self.id,
-            target: resolve(dev, attr),
-            _count: count,
-        }))
-    }
-
-    /// Creates a shared receive queue.
-    pub fn create_srq(self: &Arc<Self>, max_wr: u32, max_sge: u32, limit: u32) -> Result<Arc<Srq>> {
-        Srq::new(
-            &self.ctx.dev,
-            self.id,
-            self.ctx.events.clone(),
-            max_wr,
-            max_sge,
-            limit,
-        )
-    }
-
-    /// Creates a queue pair.
-    pub fn create_qp(self: &Arc<Self>, init: QpInit) -> Result<Arc<Qp>> {
-        Qp::new(self, init)
-    }
-}
-
-/// Validates an address vector for this device's link layer.
-pub(crate) fn check_av(dev: &Device, attr: &AhAttr) -> Result<()> {
-    if attr.port_num != 0 && attr.port_num != PORT_NUM {
-        return Err(inval(format!(
-            "port {} (the device has port 1)",
-            attr.port_num
-        )));
-    }
-    match (dev.config.link_layer, &attr.grh) {
-        (LinkLayer::Ethernet, None) => Err(inval(
-            "RoCE address vectors need a GRH (is_global with a destination GID)",
-        )),
-        (_, Some(g)) if g.sgid_index != 0 => Err(inval(format!(
-            "sgid_index {} (the GID table has 1 entry)",
-            g.sgid_index
-        ))),
-        (LinkLayer::InfiniBand, None) if attr.dlid == 0 => {
-            Err(inval("destination LID 0 without a GRH"))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Finds the device an address vector points at, if it is on this host.
-pub(crate) fn resolve(dev: &Device, attr: &AhAttr) -> Weak<Device> {
-    let found = match (dev.config.link_layer, &attr.grh) {
-        (_, Some(g)) => Device::find_by_gid(g.dgid),
-        (LinkLayer::InfiniBand, None) => Device::find_by_lid(attr.dlid),
-        (LinkLayer::Ethernet, None) => None,
-    };
-    found.as_ref().map(Arc::downgrade).unwrap_or_default()
 }
 
 /// A registered memory region. Dropping it deregisters the key, waiting for any access in
@@ -355,29 +174,6 @@ pub struct Mr {
     iova: u64,
     access: AccessFlags,
     _count: Counted,
-}
-
-/// The parts of an MR that change after registration, shared with the device's registry of
-/// layout containers (so a bind work request can find the MR by key).
-pub(crate) struct MrShared {
-    /// The key: changes when a layout needs more room than the key entry had.
-    pub(crate) key: AtomicU32,
-    /// Length in bytes: a layout container's is its layout's.
-    pub(crate) len: AtomicU64,
-    pub(crate) pd: u32,
-    /// `Some` for layout containers.
-    pub(crate) layout: Option<Mutex<LayoutState>>,
-}
-
-/// The layouts of a container.
-#[derive(Default)]
-pub(crate) struct LayoutState {
-    /// The layout in force.
-    pub(crate) current: Option<Prepared>,
-    /// A `WITH_POST_WR` layout waiting for its bind work request.
-    pub(crate) staged: Option<Prepared>,
-    /// Descriptor slots allotted to the key entry (see [`LayoutCaps::check_replace`]).
-    pub(crate) room: u64,
 }
 
 impl Mr {
@@ -421,7 +217,7 @@ impl Mr {
     /// with protection/remote-access errors instead of touching freed memory.
     pub fn check_dereg(&self) -> Result<()> {
         let dev = &self.pd.ctx.dev;
-        let users = dev.layout_users(self.key());
+        let users = dev.layouts.users(self.key());
         if users > 0 {
             return Err(Error::Busy(format!(
                 "memory region {:#x} is used by {users} non-contiguous layout(s)",
@@ -436,18 +232,18 @@ impl Mr {
     /// `ibv_mr_set_layout_sg` / `ibv_mr_set_layout_interleaved` on a layout container.
     ///
     /// Every datum's key must be a region of this PD (or, with `REGISTER_BUFFERS`,
-    /// [`PLAIN_KEY`](crate::layout::PLAIN_KEY) for a plain buffer of this process, which the
+    /// [`PLAIN_KEY`](crate::mr::layout::PLAIN_KEY) for a plain buffer of this process, which the
     /// caller keeps valid while the layout uses it) and the datum inside it; a key that is
     /// itself a layout container nests, up to `max_nesting_level`. Errors (the old layout
     /// stays in force): `InvalidArgument` (`IBV_MR_SET_LAYOUT_ERR_INPUT`), `Busy` (the layout
     /// needs more room and `AVOID_INVALIDATION` was given:
     /// `IBV_MR_SET_LAYOUT_ERR_WOULD_INVALIDATE`), `Unsupported`
-    /// (`IBV_MR_SET_LAYOUT_ERR_UNSUPPORTED`); see [`crate::mrlayout::set_layout_code`].
+    /// (`IBV_MR_SET_LAYOUT_ERR_UNSUPPORTED`); see [`crate::mr::store::set_layout_code`].
     ///
     /// Without `AVOID_INVALIDATION` a layout that needs more room than the key entry has
     /// gets a new key: [`Mr::key`] changes and the old key stops working at once. With
     /// `WITH_POST_WR` the layout is only staged; it takes effect when a
-    /// [`SendOp::BindLayout`](crate::wr::SendOp::BindLayout) for this key executes (a re-key
+    /// [`SendOp::BindLayout`](crate::qp::wr::SendOp::BindLayout) for this key executes (a re-key
     /// still happens in this call, the new key carrying the old layout until then).
     pub fn set_layout(&self, flags: SetLayoutFlags, src: LayoutSource) -> Result<()> {
         let input = |m: String| set_layout_error(LayoutError::Input(m));
@@ -471,10 +267,10 @@ impl Mr {
         let caps = dev.layout_caps();
         // Compiled without holding this MR's lock: nested lookups lock other containers.
         let compiled = layout
-            .compile_nested(flags, &caps, |k| dev.layout_current(k))
+            .compile_nested(flags, &caps, |k| dev.layouts.current(k))
             .map_err(set_layout_error)?;
         for d in compiled.spans() {
-            if d.key == crate::layout::PLAIN_KEY {
+            if d.key == crate::mr::layout::PLAIN_KEY {
                 continue;
             }
             let info = dev.keys.info(d.key).ok_or_else(|| {
@@ -490,7 +286,7 @@ impl Mr {
                 )));
             }
             // Nested layouts were bounds-checked by the compiler; plain regions here.
-            if dev.layout_current(d.key).is_none() {
+            if dev.layouts.current(d.key).is_none() {
                 let inside = d
                     .addr
                     .checked_sub(info.iova)
@@ -523,7 +319,7 @@ impl Mr {
     fn install(
         &self,
         src: &LayoutSource,
-        compiled: crate::layout::Compiled,
+        compiled: crate::mr::layout::Compiled,
         fresh: bool,
         flags: SetLayoutFlags,
     ) -> Result<()> {
@@ -549,22 +345,22 @@ impl Mr {
             self.rekey(&st)?;
         }
         st.room = rep.room;
-        dev.layout_acquire(&prepared.refs);
+        dev.layouts.acquire(&prepared.refs);
         if flags.contains(SetLayoutFlags::WITH_POST_WR) {
             if let Some(old) = st.staged.replace(prepared) {
-                dev.layout_release(&old.refs);
+                dev.layouts.release(&old.refs);
             }
             return Ok(());
         }
         if let Err(e) = prepared.publish(&dev.keys, self.key()) {
-            dev.layout_release(&prepared.refs);
+            dev.layouts.release(&prepared.refs);
             return Err(e);
         }
         self.shared
             .len
             .store(prepared.compiled.len(), Ordering::Release);
         if let Some(old) = st.current.replace(prepared) {
-            dev.layout_release(&old.refs);
+            dev.layouts.release(&old.refs);
         }
         Ok(())
     }
@@ -592,47 +388,9 @@ impl Mr {
             return Err(e);
         }
         self.shared.key.store(new, Ordering::Release);
-        dev.layout_rekey(old, new, &self.shared);
+        dev.layouts.rekey(old, new, &self.shared);
         let _ = dev.keys.deregister(old);
         Ok(())
-    }
-}
-
-impl MrShared {
-    /// Executes a bind work request for this container (`pd`: the QP's): publishes the staged
-    /// layout. False (a bind error completion) without one, or from another PD.
-    pub(crate) fn bind(&self, dev: &crate::device::Device, pd: u32) -> bool {
-        let Some(state) = &self.layout else {
-            return false;
-        };
-        if self.pd != pd {
-            return false;
-        }
-        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(p) = st.staged.take() else {
-            return false;
-        };
-        if p.publish(&dev.keys, self.key.load(Ordering::Acquire))
-            .is_err()
-        {
-            st.staged = Some(p);
-            return false;
-        }
-        self.len.store(p.compiled.len(), Ordering::Release);
-        if let Some(old) = st.current.replace(p) {
-            dev.layout_release(&old.refs);
-        }
-        true
-    }
-
-    /// The compiled layout in force, if any.
-    pub(crate) fn current(&self) -> Option<Arc<crate::layout::Compiled>> {
-        let st = self
-            .layout
-            .as_ref()?
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        st.current.as_ref().map(|p| p.compiled.clone())
     }
 }
 
@@ -643,70 +401,10 @@ impl Drop for Mr {
         if let Some(state) = &self.shared.layout {
             let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
             for p in [st.current.take(), st.staged.take()].into_iter().flatten() {
-                dev.layout_release(&p.refs);
+                dev.layouts.release(&p.refs);
             }
-            dev.layout_forget(key);
+            dev.layouts.forget(key);
         }
         let _ = dev.keys.deregister(key);
-    }
-}
-
-/// An address handle: where UD sends go.
-pub struct Ah {
-    pub(crate) attr: AhAttr,
-    pub(crate) pd: u32,
-    pub(crate) target: Weak<Device>,
-    _count: Counted,
-}
-
-impl Ah {
-    /// The address vector.
-    pub fn attr(&self) -> &AhAttr {
-        &self.attr
-    }
-    /// The PD the handle was created in.
-    pub fn pd_id(&self) -> u32 {
-        self.pd
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn access_rules() {
-        let ok = |raw| Pd::effective_access(raw).unwrap();
-        assert_eq!(ok(0), AccessFlags::empty());
-        assert_eq!(
-            ok(1 | 2 | 4 | 8),
-            AccessFlags::LOCAL_WRITE | AccessFlags::QP_REMOTE
-        );
-        // Unsupported optional bits are dropped, not rejected; supported ones stay.
-        assert_eq!(ok(1 | (1 << 21) | (1 << 29)), AccessFlags::LOCAL_WRITE);
-        assert_eq!(
-            ok(1 | (1 << 20) | (1 << 29)),
-            AccessFlags::LOCAL_WRITE | AccessFlags::RELAXED_ORDERING
-        );
-        assert!(matches!(
-            Pd::effective_access(2),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            Pd::effective_access(8),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            Pd::effective_access(1 << 15),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            Pd::effective_access(1 << 30),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            Pd::effective_access(1 << 4),
-            Err(Error::Unsupported(_))
-        ));
     }
 }

@@ -5,9 +5,9 @@
 //! deregistration waits until no one is pinned, so the bytes behind a key stay valid for the
 //! whole access even if the owner deregisters concurrently.
 
+use crate::device_memory::segment::{Segment, ShmPlain};
 use crate::error::{Error, Result};
-use crate::ordering::Placement;
-use crate::shm::{Segment, ShmPlain};
+use crate::mr::ordering::Placement;
 use crate::types::AccessFlags;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -43,7 +43,7 @@ pub struct KeyEntry {
     mem_ino: AtomicU64,
     mem_off: AtomicU64,
     /// For a region carrying a non-contiguous layout: the owner's descriptor + 1 of the
-    /// `memfd` holding the encoded layout (see `mrlayout`), 0 for none.
+    /// `memfd` holding the encoded layout (see [`crate::mr::store`]), 0 for none.
     layout_fd: AtomicU32,
     /// Non-zero when the region is a layout: the generation of the published layout, bumped
     /// (to a process-unique value) every time the owner sets a new one, so peers can cache
@@ -68,7 +68,7 @@ pub enum KeyError {
     /// The range is not inside the region.
     Bounds,
     /// The region is a non-contiguous layout: every check passed, but its bytes must be
-    /// resolved through the layout (`mrlayout`), not addressed directly.
+    /// resolved through the layout (`mr::resolve`), not addressed directly.
     Layout,
 }
 

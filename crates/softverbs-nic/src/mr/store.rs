@@ -1,8 +1,8 @@
 //! Non-contiguous memory regions in the NIC: storing layouts where every process can read
-//! them, and resolving a layout range into pinned spans on the data path.
+//! them, and reading them back on the data path.
 //!
-//! The pure engine ([`crate::layout`]) validates and resolves layouts; this module connects it
-//! to the key table and to memory:
+//! The pure engine ([`crate::mr::layout`]) validates and resolves layouts; this module and
+//! `mr::resolve` connect it to the key table and to memory:
 //!
 //! - **Storage.** Each layout the owner sets is encoded (as the caller described it, not
 //!   expanded) into its own small `memfd` segment of `u64` words. The container's key entry
@@ -11,30 +11,29 @@
 //! - **Reading.** Whoever executes an access (the initiator, in any process) pins the
 //!   container, reads the generation, and looks the compiled layout up in a process-wide cache
 //!   keyed by (owner pid, key) and checked against (generation, inode). On a miss it opens the
-//!   owner's segment through `/proc/<pid>/fd/<n>` (as `peer` does for every shared segment),
+//!   owner's segment through `/proc/<pid>/fd/<n>` (as requesters do for every shared segment),
 //!   decodes it as **untrusted input** (every count bounded by the segment, the result
 //!   validated by `Layout::compile`, nothing can panic) and caches the result. A segment whose
 //!   header generation differs from the entry's (the owner replaced the layout meanwhile) is
 //!   refused, so a reader never mixes two layouts.
-//! - **Resolving.** A range of the container becomes pieces of other regions; each piece is
-//!   pinned in the key table with the same PD and rights the access needs (a piece of a region
-//!   that is itself a layout recurses, up to the nesting limit), so every byte is checked for
-//!   bounds and rights exactly like an ordinary SGE, and stays registered until the access
-//!   ends. Pieces of plain buffers ([`PLAIN_KEY`], from `REGISTER_BUFFERS` or page lists) are
-//!   owner addresses covered by the container's own pin and rights.
+//! - **Resolving** (`mr::resolve`). A range of the container becomes pieces of other
+//!   regions; each piece is pinned in the key table with the same PD and rights the access
+//!   needs (a piece of a region that is itself a layout recurses, up to the nesting limit), so
+//!   every byte is checked for bounds and rights exactly like an ordinary SGE, and stays
+//!   registered until the access ends. Pieces of plain buffers ([`PLAIN_KEY`], from
+//!   `REGISTER_BUFFERS` or page lists) are owner addresses covered by the container's own pin
+//!   and rights.
 //!
 //! Replacing a layout while an access that already resolved the old one is in flight is safe
 //! (the old pieces stay pinned) but racy as in verbs: the access uses whichever layout it saw.
 
+use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result};
-use crate::keys::{KeyError, KeyTable, LayoutRef, Pin};
-use crate::layout::{
+use crate::mr::keys::{KeyTable, LayoutRef};
+use crate::mr::layout::{
     Compiled, Datum, Dim, InterleavedEntry, Layout, LayoutCaps, LayoutError, PLAIN_KEY,
     SetLayoutFlags,
 };
-use crate::mem::Span;
-use crate::shm::Segment;
-use crate::types::AccessFlags;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -364,7 +363,7 @@ fn cache_insert(pid: u32, key: u32, generation: u32, ino: u64, compiled: Arc<Com
 }
 
 /// The compiled layout `r` points at (for `key`): cached, or read from the owner's segment.
-fn compiled(r: &LayoutRef, key: u32) -> Option<Arc<Compiled>> {
+pub(crate) fn compiled(r: &LayoutRef, key: u32) -> Option<Arc<Compiled>> {
     {
         let c = cache().lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = c.get(&(r.owner_pid, key))
@@ -374,7 +373,7 @@ fn compiled(r: &LayoutRef, key: u32) -> Option<Arc<Compiled>> {
             return Some(e.compiled.clone());
         }
     }
-    let fd = crate::peer::open_peer_fd(r.owner_pid, r.fd, r.ino, false).ok()?;
+    let fd = crate::device_memory::export::open_peer_fd(r.owner_pid, r.fd, r.ino, false).ok()?;
     let seg = Segment::open(fd).ok()?;
     let (generation, src) = decode(seg.slice::<AtomicU64>(0, seg.len() / 8)).ok()?;
     if generation != r.generation {
@@ -387,131 +386,6 @@ fn compiled(r: &LayoutRef, key: u32) -> Option<Arc<Compiled>> {
     );
     cache_insert(r.owner_pid, key, r.generation, r.ino, compiled.clone());
     Some(compiled)
-}
-
-/// Most pieces one side of one work request may resolve to: a bound on the memory a
-/// pathological layout (1-byte data over a 2 GiB message) can make the data path allocate.
-pub const MAX_PIECES: usize = 1 << 20;
-
-/// Deepest layout nesting the data path follows (a layout over plain MRs is level 1).
-pub const MAX_LEVEL: u32 = LayoutCaps::DEFAULT_MAX_NESTING_LEVEL;
-
-/// Resolves `[iova, iova + len)` of layout region `key` into spans, pinning the container and
-/// every piece (with `pd` and `need`) into `pins`. `level` is 1 for a key named by a work
-/// request. Any failure is the key error the caller reports as a protection or
-/// remote-access status; `spans`/`pins` may then hold a partial result, which the caller
-/// drops. `place` says where a pinned host range `(pin, host, len)` is reachable from this
-/// process; it is a type parameter, not a `dyn Fn`, so it inlines into the per-piece loop (an
-/// indirect call per 8-byte cell, returning its span through memory, cost more than the rest
-/// of the loop).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn pin_range<'k, P>(
-    keys: &'k KeyTable,
-    pd: u32,
-    key: u32,
-    iova: u64,
-    len: u64,
-    need: AccessFlags,
-    place: &P,
-    spans: &mut Vec<Span>,
-    pins: &mut Vec<Pin<'k>>,
-    level: u32,
-) -> std::result::Result<(), KeyError>
-where
-    P: Fn(&Pin<'_>, usize, usize) -> Option<Span> + ?Sized,
-{
-    if level > MAX_LEVEL {
-        return Err(KeyError::Bounds);
-    }
-    let (cpin, r) = keys.pin_layout(key, pd, iova, len, need)?;
-    let layout = compiled(&r, key).ok_or(KeyError::Invalid)?;
-    // Room for every piece at once: a column of 4096 cells would otherwise regrow (and
-    // copy) the list a dozen times per work request.
-    let room = layout.max_pieces(len).min(MAX_PIECES as u64) as usize;
-    crate::exec::reserve_spans(spans, room.min(MAX_PIECES.saturating_sub(spans.len())));
-    let container = pins.len();
-    pins.push(cpin);
-    // The pin of the last plain region a piece was in: consecutive pieces of one region
-    // (the usual case: a column of one matrix) share it instead of pinning again.
-    let mut last: Option<usize> = None;
-    let visit = |run: crate::layout::Run| -> std::result::Result<(), KeyError> {
-        if spans.len() >= MAX_PIECES {
-            return Err(KeyError::Bounds);
-        }
-        // A run is `count` data of `len` bytes, `stride` apart: checked, pinned and placed
-        // as the one range from its first byte to its last, then described as a strided span.
-        let extent = run
-            .count
-            .checked_sub(1)
-            .and_then(|c| c.checked_mul(run.stride))
-            .and_then(|b| b.checked_add(run.len))
-            .ok_or(KeyError::Bounds)?;
-        let (len, count, stride) = (
-            usize::try_from(run.len).map_err(|_| KeyError::Bounds)?,
-            usize::try_from(run.count).map_err(|_| KeyError::Bounds)?,
-            usize::try_from(run.stride).map_err(|_| KeyError::Bounds)?,
-        );
-        let n = usize::try_from(extent).map_err(|_| KeyError::Bounds)?;
-        let strided = |s: Span| Span {
-            len,
-            count,
-            stride,
-            ..s
-        };
-        if run.key == PLAIN_KEY {
-            // An owner buffer registered with the layout: covered by the container's pin
-            // and rights (checked above).
-            let host = usize::try_from(run.addr).map_err(|_| KeyError::Bounds)?;
-            if host.checked_add(n).is_none() {
-                return Err(KeyError::Bounds);
-            }
-            let s = place(&pins[container], host, n).ok_or(KeyError::Invalid)?;
-            spans.push(strided(s));
-            return Ok(());
-        }
-        if let Some(i) = last
-            && pins[i].key() == run.key
-            && let Some(host) = pins[i].rebase(run.addr, extent)
-        {
-            spans.push(strided(place(&pins[i], host, n).ok_or(KeyError::Invalid)?));
-            return Ok(());
-        }
-        match keys.pin(run.key, pd, run.addr, extent, need) {
-            Ok(pin) => {
-                spans.push(strided(place(&pin, pin.host, n).ok_or(KeyError::Invalid)?));
-                pins.push(pin);
-                last = Some(pins.len() - 1);
-                Ok(())
-            }
-            Err(KeyError::Layout) => {
-                last = None;
-                // Data of a nested layout: each a range of it, resolved in turn.
-                (0..run.count).try_for_each(|i| {
-                    // In range: `i * stride` is at most `extent`, checked above.
-                    let addr = run
-                        .addr
-                        .checked_add(i * run.stride)
-                        .ok_or(KeyError::Bounds)?;
-                    pin_range(
-                        keys,
-                        pd,
-                        run.key,
-                        addr,
-                        run.len,
-                        need,
-                        place,
-                        spans,
-                        pins,
-                        level + 1,
-                    )
-                })
-            }
-            Err(e) => Err(e),
-        }
-    };
-    layout
-        .try_for_each_run(r.offset, len, visit)
-        .map_err(|_| KeyError::Bounds)?
 }
 
 /// Maps a set-layout failure to the verbs error, naming the seed's result code.

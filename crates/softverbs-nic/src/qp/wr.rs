@@ -1,6 +1,6 @@
 //! Send work requests as the NIC executes them.
 
-use crate::objects::Ah;
+use crate::pd::Ah;
 use crate::types::{SendFlags, Sge, WcOpcode, WrOpcode};
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -1,73 +1,15 @@
-//! Doorbells and the async event queue.
+//! Async events (`ibv_get_async_event`): what they are about, and a context's queue of them.
 //!
-//! A doorbell is a non-blocking pipe: its read end is the pollable descriptor a program waits
-//! on (epoll, mio, `poll(2)`), and any process may ring it by opening the write end through
-//! `/proc/<pid>/fd/<n>` (an eventfd cannot be reopened that way; a pipe can). The events
-//! themselves live in shared memory (a [`Ring`] or a flag word), so a peer process can post
-//! one without the owner's help: it writes the record, then rings.
+//! The queue is a [`Ring`] of records in shared memory with a [`Doorbell`], so a peer process
+//! can post an event without the owner's help (a responder error it caused, an SRQ limit it
+//! crossed, a CQ it overran): it writes the record, then rings.
 
+use crate::device_memory::doorbell::{Doorbell, ring_fd};
+use crate::device_memory::ring::{Ring, SlotPayload};
 use crate::error::{Error, Result};
-use crate::ring::{Ring, SlotPayload};
 use crate::types::AsyncEventType;
-use rustix::event::{PollFd, PollFlags, poll};
-use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use rustix::pipe::{PipeFlags, pipe_with};
+use rustix::fd::BorrowedFd;
 use std::sync::Mutex;
-
-/// A pipe used as a wake-up signal.
-pub struct Doorbell {
-    rd: OwnedFd,
-    wr: OwnedFd,
-}
-
-impl Doorbell {
-    /// A silent doorbell.
-    pub fn new() -> Result<Doorbell> {
-        let (rd, wr) =
-            pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).map_err(Error::os("pipe2"))?;
-        Ok(Doorbell { rd, wr })
-    }
-
-    /// The descriptor to wait on: readable once rung, until drained.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.rd.as_fd()
-    }
-
-    /// The write end's descriptor number, for peers that open it through `/proc`.
-    pub fn write_fd_num(&self) -> i32 {
-        self.wr.as_raw_fd()
-    }
-
-    /// The write end's inode, so peers can tell it from a recycled descriptor.
-    pub fn write_ino(&self) -> u64 {
-        rustix::fs::fstat(&self.wr).map_or(0, |s| s.st_ino)
-    }
-
-    /// Wakes waiters.
-    pub fn ring(&self) {
-        ring_fd(self.wr.as_fd());
-    }
-
-    /// Forgets all rings so far.
-    pub fn drain(&self) {
-        let mut buf = [0u8; 64];
-        while matches!(rustix::io::read(&self.rd, &mut buf), Ok(n) if n > 0) {}
-    }
-
-    /// Waits until rung (or interrupted).
-    pub fn wait(&self) -> Result<()> {
-        let mut fds = [PollFd::new(&self.rd, PollFlags::IN)];
-        match poll(&mut fds, None) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-            Err(e) => Err(Error::os("poll")(e)),
-        }
-    }
-}
-
-/// Rings a doorbell through its write end (ours or a peer's). A full pipe is already rung.
-pub fn ring_fd(fd: BorrowedFd<'_>) {
-    let _ = rustix::io::write(fd, &[1u8]);
-}
 
 /// The object an async event is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,7 +123,7 @@ impl AsyncQueue {
 
     /// Queues an event and wakes waiters.
     pub fn push(&self, ev: AsyncEvent) {
-        post_event(&self.ring, self.bell.wr.as_fd(), ev);
+        post_event(&self.ring, self.bell.write_fd(), ev);
     }
 
     /// Takes the oldest event; with `blocking`, waits for one.
@@ -227,6 +169,7 @@ impl AsyncQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::event::{PollFd, PollFlags, poll};
 
     fn readable(fd: BorrowedFd<'_>) -> bool {
         let mut fds = [PollFd::new(&fd, PollFlags::IN)];

@@ -4,10 +4,11 @@
 //! stored as posted and checked against the owner's key table when a message lands, as
 //! hardware does.
 
+use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::device::{Counted, Device, Resource};
+use crate::device_memory::ring::{Ring, SlotPayload};
 use crate::error::{Error, Result, inval};
-use crate::event::{AsyncEvent, AsyncQueue, EventElement};
-use crate::ring::{Ring, SlotPayload};
+use crate::pd::Pd;
 use crate::types::{AsyncEventType, Sge};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -136,6 +137,20 @@ pub(crate) fn srq_take(rq: &RecvQueue, id: u32, post: impl FnOnce(AsyncEvent)) -
     Some(w)
 }
 
+impl Pd {
+    /// Creates a shared receive queue.
+    pub fn create_srq(self: &Arc<Self>, max_wr: u32, max_sge: u32, limit: u32) -> Result<Arc<Srq>> {
+        Srq::new(
+            &self.ctx.dev,
+            self.id,
+            self.ctx.events.clone(),
+            max_wr,
+            max_sge,
+            limit,
+        )
+    }
+}
+
 /// A shared receive queue.
 pub struct Srq {
     pub(crate) id: u32,
@@ -229,7 +244,7 @@ mod tests {
         assert!(RecvQueue::from_ring(tiny).is_err());
         let q = RecvQueue::new(4, 3).unwrap();
         let fd = q.ring().segment().fd().try_clone_to_owned().unwrap();
-        let seg = crate::shm::Segment::open(fd).unwrap();
+        let seg = crate::device_memory::segment::Segment::open(fd).unwrap();
         let view = RecvQueue::from_ring(Ring::open(seg).unwrap()).unwrap();
         assert_eq!(view.max_sge, q.max_sge);
     }

@@ -3,31 +3,36 @@
 //!
 //! One thread per device, started the first time something is deferred; it sleeps on a
 //! condition variable while nothing is due. The data path never waits for it: it only runs
-//! what must happen later than the call that caused it.
+//! what must happen later than the call that caused it. It knows the QPs it runs only as
+//! [`Timer`]s: they are a layer above the device.
 
-use crate::qp::Qp;
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Instant;
 
-struct Timer {
-    at: Instant,
-    seq: u64,
-    qp: Weak<Qp>,
+/// Something with deferred work (a QP): [`Progress`] calls `on_timer` when it is due.
+pub(crate) trait Timer: Send + Sync {
+    fn on_timer(&self);
 }
 
-impl PartialEq for Timer {
+struct Due {
+    at: Instant,
+    seq: u64,
+    who: Weak<dyn Timer>,
+}
+
+impl PartialEq for Due {
     fn eq(&self, o: &Self) -> bool {
         (self.at, self.seq) == (o.at, o.seq)
     }
 }
-impl Eq for Timer {}
-impl PartialOrd for Timer {
+impl Eq for Due {}
+impl PartialOrd for Due {
     fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(o))
     }
 }
-impl Ord for Timer {
+impl Ord for Due {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
         // Reversed: BinaryHeap is a max-heap and we want the earliest first.
         (o.at, o.seq).cmp(&(self.at, self.seq))
@@ -36,7 +41,7 @@ impl Ord for Timer {
 
 #[derive(Default)]
 struct State {
-    timers: BinaryHeap<Timer>,
+    timers: BinaryHeap<Due>,
     seq: u64,
     running: bool,
 }
@@ -48,13 +53,13 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    /// Runs `qp.on_timer()` at `at` (or soon after) on the progress thread.
-    pub(crate) fn schedule(&self, at: Instant, qp: Weak<Qp>) {
+    /// Runs `who.on_timer()` at `at` (or soon after) on the progress thread.
+    pub(crate) fn schedule(&self, at: Instant, who: Weak<dyn Timer>) {
         let (lock, cv) = &*self.shared;
         let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
         st.seq += 1;
         let seq = st.seq;
-        st.timers.push(Timer { at, seq, qp });
+        st.timers.push(Due { at, seq, who });
         if !st.running {
             st.running = true;
             let shared = Arc::downgrade(&self.shared);
@@ -83,7 +88,7 @@ fn run(shared: Weak<(Mutex<State>, Condvar)>) {
                 let now = Instant::now();
                 while st.timers.peek().is_some_and(|t| t.at <= now) {
                     if let Some(t) = st.timers.pop() {
-                        due.push(t.qp);
+                        due.push(t.who);
                     }
                 }
                 if !due.is_empty() {
@@ -100,8 +105,8 @@ fn run(shared: Weak<(Mutex<State>, Condvar)>) {
             }
         }
         drop(shared);
-        for qp in due.into_iter().filter_map(|w| w.upgrade()) {
-            qp.on_timer();
+        for who in due.into_iter().filter_map(|w| w.upgrade()) {
+            who.on_timer();
         }
     }
 }

@@ -1,0 +1,195 @@
+//! What `ibv_query_device`, `ibv_query_port`, `ibv_query_gid` and `ibv_query_pkey` report.
+
+use super::Device;
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::types::{AtomicCap, Gid, LinkLayer, Mtu, PortState};
+use std::sync::atomic::Ordering;
+
+/// `struct ibv_device_attr` plus the extended fields softverbs reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub device_cap_flags: u32,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_res_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub atomic_cap: AtomicCap,
+    pub max_ah: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+    /// Largest inline payload a QP may request.
+    pub max_inline_data: u32,
+    /// `completion_timestamp_mask` of `ibv_query_device_ex`.
+    pub completion_timestamp_mask: u64,
+    /// `hca_core_clock` of `ibv_query_device_ex`, in kHz.
+    pub hca_core_clock: u64,
+    /// `mr_layout_caps` of `ibv_query_device_ex` (seed 002): what non-contiguous layouts
+    /// the device supports.
+    pub mr_layout_caps: crate::mr::layout::LayoutCaps,
+}
+
+/// `IBV_DEVICE_*` capability bits softverbs sets.
+pub mod cap_flags {
+    pub const CURR_QP_STATE_MOD: u32 = 1 << 7;
+    pub const PORT_ACTIVE_EVENT: u32 = 1 << 10;
+    pub const SYS_IMAGE_GUID: u32 = 1 << 11;
+    pub const RC_RNR_NAK_GEN: u32 = 1 << 12;
+}
+
+/// `struct ibv_port_attr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    pub state: PortState,
+    pub max_mtu: Mtu,
+    pub active_mtu: Mtu,
+    pub gid_tbl_len: i32,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: LinkLayer,
+}
+
+/// Largest message a port carries (`max_msg_sz`).
+pub const MAX_MSG_SIZE: u32 = 1 << 31;
+/// The only port of a software device.
+pub const PORT_NUM: u8 = 1;
+/// The one P_Key in the table: the default full-membership key.
+pub const DEFAULT_PKEY: u16 = 0xffff;
+
+impl Device {
+    /// `ibv_query_device` (and the extended fields).
+    pub fn attr(&self) -> DeviceAttr {
+        let l = &self.config.limits;
+        DeviceAttr {
+            fw_ver: concat!("softverbs ", env!("CARGO_PKG_VERSION")).into(),
+            node_guid: self.config.node_guid,
+            sys_image_guid: self.config.node_guid,
+            max_mr_size: l.max_mr_size,
+            page_size_cap: crate::device_memory::segment::page_size() as u64,
+            vendor_id: 0,
+            vendor_part_id: 0,
+            hw_ver: 1,
+            max_qp: l.max_qp,
+            max_qp_wr: l.max_qp_wr,
+            device_cap_flags: cap_flags::CURR_QP_STATE_MOD
+                | cap_flags::PORT_ACTIVE_EVENT
+                | cap_flags::SYS_IMAGE_GUID
+                | cap_flags::RC_RNR_NAK_GEN,
+            max_sge: l.max_sge,
+            max_sge_rd: l.max_sge,
+            max_cq: l.max_cq,
+            max_cqe: l.max_cqe,
+            max_mr: l.max_mr,
+            max_pd: l.max_pd,
+            max_qp_rd_atom: l.max_qp_rd_atom,
+            max_res_rd_atom: l.max_qp_rd_atom.saturating_mul(l.max_qp),
+            max_qp_init_rd_atom: l.max_qp_rd_atom,
+            atomic_cap: AtomicCap::Hca,
+            max_ah: l.max_ah,
+            max_srq: l.max_srq,
+            max_srq_wr: l.max_srq_wr,
+            max_srq_sge: l.max_srq_sge,
+            max_pkeys: 1,
+            local_ca_ack_delay: 15,
+            phys_port_cnt: 1,
+            max_inline_data: l.max_inline_data,
+            completion_timestamp_mask: self.clock.mask(),
+            hca_core_clock: Clock::KHZ,
+            mr_layout_caps: self.layout_caps(),
+        }
+    }
+
+    /// `ibv_query_port`.
+    pub fn port_attr(&self, port: u8) -> Result<PortAttr> {
+        self.check_port(port)?;
+        let eth = self.config.link_layer == LinkLayer::Ethernet;
+        let state =
+            PortState::from_raw(self.port_state.load(Ordering::Acquire)).unwrap_or(PortState::Down);
+        Ok(PortAttr {
+            state,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: self.config.active_mtu,
+            gid_tbl_len: 1,
+            // IsSMDisabled-style bits do not apply; report none.
+            port_cap_flags: 0,
+            max_msg_sz: MAX_MSG_SIZE,
+            bad_pkey_cntr: 0,
+            qkey_viol_cntr: 0,
+            pkey_tbl_len: 1,
+            lid: if eth { 0 } else { self.config.lid },
+            sm_lid: if eth { 0 } else { self.config.lid },
+            lmc: 0,
+            max_vl_num: 1,
+            sm_sl: 0,
+            subnet_timeout: 18,
+            init_type_reply: 0,
+            active_width: 2,                                            // 4X
+            active_speed: 32,                                           // 25 Gb/s lane (EDR)
+            phys_state: if state == PortState::Active { 5 } else { 3 }, // LinkUp / Disabled
+            link_layer: self.config.link_layer,
+        })
+    }
+
+    /// `ibv_query_gid`.
+    pub fn gid(&self, port: u8, index: u32) -> Result<Gid> {
+        self.check_port(port)?;
+        if index != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "GID index {index} (the table has 1 entry)"
+            )));
+        }
+        Ok(self.config.gid)
+    }
+
+    /// `ibv_query_pkey`.
+    pub fn pkey(&self, port: u8, index: u16) -> Result<u16> {
+        self.check_port(port)?;
+        if index != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "P_Key index {index} (the table has 1 entry)"
+            )));
+        }
+        Ok(DEFAULT_PKEY)
+    }
+
+    pub(crate) fn check_port(&self, port: u8) -> Result<()> {
+        if port != PORT_NUM {
+            return Err(Error::InvalidArgument(format!(
+                "port {port} (the device has port 1 only)"
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,33 @@
+//! Contexts: a device opened by a program, with its async event queue. PDs, CQs and the rest
+//! are created from it by the layers that define them (`Context::alloc_pd`,
+//! `Context::create_cq`).
+
+use super::Device;
+use super::event::AsyncQueue;
+use crate::error::Result;
+use std::sync::Arc;
+
+/// An open device (`struct ibv_context`): owns the async event queue.
+pub struct Context {
+    pub(crate) dev: Arc<Device>,
+    pub(crate) events: Arc<AsyncQueue>,
+}
+
+impl Context {
+    /// Opens `dev`.
+    pub fn open(dev: Arc<Device>) -> Result<Arc<Context>> {
+        let events = Arc::new(AsyncQueue::new()?);
+        dev.attach_context(&events);
+        Ok(Arc::new(Context { dev, events }))
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    /// The async event queue (its fd is readable while events wait).
+    pub fn events(&self) -> &AsyncQueue {
+        &self.events
+    }
+}

@@ -1,0 +1,12 @@
+//! Device memory: the NIC's queues, rings and tables are plain `#[repr(C)]` data in shared
+//! `memfd` segments, so that any process that maps a segment can act on it.
+//!
+//! - [`segment`]: a mapped `memfd` and the types that may live in one.
+//! - [`ring`]: the bounded lock-free ring of fixed-size slots every queue is built on.
+//! - [`doorbell`]: how a waiting program learns that something arrived in shared memory.
+//! - `export`: naming a descriptor in shared memory, and opening another process's.
+
+pub mod doorbell;
+pub(crate) mod export;
+pub mod ring;
+pub mod segment;

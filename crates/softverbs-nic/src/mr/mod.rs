@@ -1,0 +1,20 @@
+//! Memory regions as the data path sees them: checked, pinned, and placed into.
+//!
+//! - [`keys`]: the key table, one entry per registered region, in a shared segment.
+//! - `access`: the memory accessor, the one place the NIC reads or writes registered memory.
+//! - [`ordering`]: strict and relaxed placement, and the ordering check.
+//! - [`layout`]: non-contiguous layouts (seed 002), the pure engine: SG, interleaved, page
+//!   lists, nesting.
+//! - [`store`]: layouts in shared memory, where every process can read them.
+//! - `resolve`: a work request's SGEs and remote ranges checked, pinned and turned into spans.
+//! - `container`: the state a layout container shares, and the device's registry of them.
+//!
+//! The verbs objects (`Pd::reg_mr`, [`Mr`](crate::pd::Mr)) are in [`crate::pd`].
+
+pub(crate) mod access;
+pub(crate) mod container;
+pub mod keys;
+pub mod layout;
+pub mod ordering;
+pub(crate) mod resolve;
+pub mod store;

@@ -1,0 +1,64 @@
+//! A QP's context in device memory: its state, rights and the segments a requester needs.
+//!
+//! The context is a segment of its own, so any process that maps it can act on the QP: read
+//! its state and rights, move it to ERR, and open (by descriptor number and inode) the
+//! segments it names: the receive ring (or SRQ ring), the receive CQ ring and its channel's
+//! doorbell, the key table, and the owner's async event queue. The owner's QP reads its state
+//! from here too, so every party sees one state word.
+
+use crate::device_memory::export::Export;
+use crate::device_memory::segment::ShmPlain;
+use crate::types::QpType;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+const CTX_MAGIC: u32 = 0x5150_4358; // "QPCX"
+const CTX_VERSION: u32 = 1;
+/// `state` value of a destroyed QP: peers holding a mapping must stop using it.
+pub(crate) const DESTROYED: u32 = 0xdead;
+
+/// The shared part of a QP: what a requester in any process reads and writes.
+#[repr(C)]
+pub(crate) struct QpCtx {
+    magic: AtomicU32,
+    version: AtomicU32,
+    pub(crate) qpn: AtomicU32,
+    pub(crate) qp_type: AtomicU32,
+    pub(crate) pd: AtomicU32,
+    pub(crate) recv_pd: AtomicU32,
+    pub(crate) owner_pid: AtomicU32,
+    pub(crate) state: AtomicU32,
+    pub(crate) access: AtomicU32,
+    pub(crate) qkey: AtomicU32,
+    pub(crate) min_rnr_timer: AtomicU32,
+    /// SRQ id + 1 when receives come from an SRQ (0: the QP's own queue).
+    pub(crate) srq: AtomicU32,
+    pub(crate) rq: Export,
+    pub(crate) cq: Export,
+    pub(crate) chan: Export,
+    pub(crate) keys: Export,
+    pub(crate) events: Export,
+    pub(crate) events_bell: Export,
+}
+
+// SAFETY: repr(C), atomics only, valid when zero.
+unsafe impl ShmPlain for QpCtx {}
+
+impl QpCtx {
+    pub(crate) fn init(&self, qpn: u32, qp_type: QpType, pd: u32, recv_pd: u32) {
+        self.qpn.store(qpn, Ordering::Relaxed);
+        self.qp_type.store(qp_type as u32, Ordering::Relaxed);
+        self.pd.store(pd, Ordering::Relaxed);
+        self.recv_pd.store(recv_pd, Ordering::Relaxed);
+        self.owner_pid.store(std::process::id(), Ordering::Relaxed);
+        self.version.store(CTX_VERSION, Ordering::Relaxed);
+        self.magic.store(CTX_MAGIC, Ordering::Release);
+    }
+
+    /// True if this is a context of this format, published for QP `qpn` (read from a peer's
+    /// segment, whose header is the peer's word).
+    pub(crate) fn published_as(&self, qpn: u32) -> bool {
+        self.magic.load(Ordering::Acquire) == CTX_MAGIC
+            && self.version.load(Ordering::Acquire) == CTX_VERSION
+            && self.qpn.load(Ordering::Acquire) == qpn
+    }
+}

@@ -1,0 +1,97 @@
+//! A request on its way from a requester to its responder, the answer that comes back, and
+//! what carries them ([`Deliver`]).
+//!
+//! This is what a transport carries. The spans in a request are reachable by whoever runs the
+//! responder's semantics: on the same host that is the initiator itself, so they are the
+//! requester's own buffers; a transport whose responder runs elsewhere (RoCE: the host engine
+//! on the target's host) moves the bytes in packets and hands the responder the spans of what
+//! arrived.
+
+use super::wr::SendOp;
+use crate::device::Device;
+use crate::mr::resolve::Spans;
+use crate::pd::Ah;
+use crate::types::{AhAttr, Gid, QpType, WcStatus};
+use std::sync::Weak;
+use std::time::Duration;
+
+/// A request as its responder receives it.
+pub(crate) struct Request<'a> {
+    /// The requester's QP number and type (the responder's type must be the same).
+    pub(crate) src_qpn: u32,
+    pub(crate) qp_type: QpType,
+    /// What to do, with the responder's address and key, immediate data, atomic operands.
+    pub(crate) op: SendOp,
+    /// The message length: bytes sent (SEND, WRITE) or asked for (READ; 8 for atomics).
+    pub(crate) len: u64,
+    /// The requester's buffers: where a SEND's or WRITE's bytes come from, and where a READ's
+    /// go.
+    pub(crate) local: &'a Spans<'a>,
+    /// The SEND carries the solicited-event bit.
+    pub(crate) solicited: bool,
+    /// The service level the message travels on, and the sender's port LID (0 on RoCE).
+    pub(crate) sl: u8,
+    pub(crate) slid: u16,
+    /// UD: what the datagram's headers say.
+    pub(crate) datagram: Option<Datagram<'a>>,
+    /// The device that moves the bytes; its ordering observer sees scrambled placements.
+    pub(crate) placer: &'a Device,
+}
+
+/// The headers of a UD message that its receiver checks and sees.
+pub(crate) struct Datagram<'a> {
+    /// The Q_Key the message carries (already the sender's own when it asked for that).
+    pub(crate) qkey: u32,
+    /// The sender's GID and the address vector it sent with: the receiver's GRH.
+    pub(crate) sgid: Gid,
+    pub(crate) av: &'a AhAttr,
+    /// The receiver's completion says a GRH is present.
+    pub(crate) grh: bool,
+}
+
+/// What the requester learns of its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Response {
+    /// Done.
+    Ack,
+    /// An atomic was done; this was the original value.
+    Atomic(u64),
+    /// RC: the responder refused the request; the requester completes with this status.
+    Nak(WcStatus),
+    /// RC: the responder had no receive posted; try again after this delay.
+    Rnr(Duration),
+    /// Nothing came back: no responder accepted the message (UC and UD responders drop what
+    /// they refuse, without a word).
+    Dropped,
+}
+
+/// How a request reaches its responder. That is a transport's job, and the transports sit
+/// above this layer (`crate::transport` implements this for [`Qp`](super::Qp)), so the
+/// requester calls them through this trait without naming one, and statically.
+pub(crate) trait Deliver {
+    /// What an RC/UC QP remembers of its connected responder, until it is reconnected.
+    type Peer;
+    /// A responder, reached for one request.
+    type Target;
+
+    /// The responder an RC/UC QP is connected to: QP `qpn` at the end of its path `av`
+    /// (`dev`: the device of this host `av` names, found when the QP was connected, if any).
+    /// Once found it is remembered in `peer`: a QP that later takes its number is a stranger
+    /// whose PSNs would not match, so it is never delivered to. `None`: nothing answers there.
+    fn responder(
+        &self,
+        peer: &mut Option<Self::Peer>,
+        av: &AhAttr,
+        dev: &Weak<Device>,
+        qpn: u32,
+    ) -> Option<Self::Target>;
+
+    /// UD: QP `qpn` where address handle `ah` leads, found anew for each message.
+    fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target>;
+
+    /// Carries `req` to `to` and brings back the answer.
+    fn deliver(&self, to: &Self::Target, req: &Request<'_>) -> Response;
+
+    /// The QP is going away: the transport may let go of what it kept for its connections.
+    fn release(&self);
+}

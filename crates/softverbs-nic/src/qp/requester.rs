@@ -1,0 +1,167 @@
+//! The requester's semantics: one attempt at a work request, from the poster's side.
+//!
+//! The requester checks what is its own to check (its SGEs against its key table, the
+//! message length, a UD request's destination and MTU, its port), builds the [`Request`],
+//! has it carried to the responder ([`Deliver`]: a transport's job) and turns the
+//! [`Response`] into the outcome the send-queue driver completes, retries or fails the QP
+//! with. Binding a layout touches no responder and executes here.
+
+use super::request::{Datagram, Deliver, Request, Response};
+use super::wr::{Payload, SendOp, SendWqe};
+use super::{Outcome, Qp, SendState};
+use crate::device::MAX_MSG_SIZE;
+use crate::mr::access::{self, Span};
+use crate::mr::resolve::{Spans, pin_sges};
+use crate::types::{AccessFlags, LinkLayer, QpType, SendFlags, WcStatus};
+
+impl Qp {
+    pub(crate) fn execute(&self, st: &mut SendState, w: &SendWqe<'_>) -> Outcome {
+        if let SendOp::BindLayout { key } = w.op {
+            return self.bind_layout(key);
+        }
+        let need = if w.op.writes_local() {
+            AccessFlags::LOCAL_WRITE
+        } else {
+            AccessFlags::empty()
+        };
+        let local = match self.local(&w.payload, need) {
+            Ok(l) => l,
+            Err(status) => return Outcome::Done(status, 0),
+        };
+        if local.len > u64::from(MAX_MSG_SIZE) {
+            return Outcome::Done(WcStatus::LocLenErr, 0);
+        }
+        if self.qp_type == QpType::Ud {
+            return self.execute_ud(st, w, &local);
+        }
+        let (av, qpn) = (&st.attr.ah_attr, st.attr.dest_qp_num);
+        let Some(target) = self.responder(&mut st.peer, av, &st.peer_dev, qpn) else {
+            return self.lost(local.len);
+        };
+        if !self.dev.port_active() {
+            return self.lost(local.len);
+        }
+        let req = self.request(w, &local, st.attr.ah_attr.sl, None);
+        let response = self.deliver(&target, &req);
+        self.outcome(response, &local)
+    }
+
+    fn execute_ud(&self, st: &SendState, w: &SendWqe<'_>, local: &Spans<'_>) -> Outcome {
+        let Some(ud) = &w.ud else {
+            return Outcome::Done(WcStatus::LocQpOpErr, 0);
+        };
+        let len = local.len;
+        // UD messages are single packets: at most the port's MTU (UD has no path MTU).
+        if len > u64::from(self.dev.config.active_mtu.bytes()) {
+            return Outcome::Done(WcStatus::LocLenErr, 0);
+        }
+        if !self.dev.port_active() {
+            return self.lost(len);
+        }
+        let Some(target) = self.ud_responder(&ud.ah, ud.remote_qpn) else {
+            return self.lost(len);
+        };
+        // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
+        let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
+            st.attr.qkey
+        } else {
+            ud.remote_qkey
+        };
+        let datagram = Datagram {
+            qkey,
+            sgid: self.dev.config.gid,
+            av: &ud.ah.attr,
+            grh: ud.ah.attr.grh.is_some() || self.dev.config.link_layer == LinkLayer::Ethernet,
+        };
+        let req = self.request(w, local, ud.ah.attr.sl, Some(datagram));
+        let response = self.deliver(&target, &req);
+        self.outcome(response, local)
+    }
+
+    /// Checks and pins the local side of a work request.
+    fn local<'a>(
+        &'a self,
+        payload: &'a Payload<'_>,
+        need: AccessFlags,
+    ) -> Result<Spans<'a>, WcStatus> {
+        match payload {
+            Payload::Inline(bytes) => Ok(Spans {
+                spans: vec![Span::of(bytes)],
+                pins: Vec::new(),
+                len: bytes.len() as u64,
+            }),
+            Payload::Sges(sges) => pin_sges(&self.dev.keys, self.pd.id, sges, need, |_, h, n| {
+                Some(Span::local(h, n))
+            })
+            .map_err(|_| WcStatus::LocProtErr),
+        }
+    }
+
+    /// `w` as its responder receives it; `sl` is the service level it travels on (the QP's
+    /// path for RC/UC, the address handle's for UD).
+    fn request<'a>(
+        &'a self,
+        w: &SendWqe<'_>,
+        local: &'a Spans<'a>,
+        sl: u8,
+        datagram: Option<Datagram<'a>>,
+    ) -> Request<'a> {
+        let slid = match self.dev.config.link_layer {
+            LinkLayer::InfiniBand => self.dev.config.lid,
+            LinkLayer::Ethernet => 0,
+        };
+        Request {
+            src_qpn: self.qpn,
+            qp_type: self.qp_type,
+            op: w.op,
+            len: local.len,
+            local,
+            solicited: w.flags.contains(SendFlags::SOLICITED),
+            sl,
+            slid,
+            datagram,
+            placer: &self.dev,
+        }
+    }
+
+    /// What the responder's answer means for the work request.
+    fn outcome(&self, response: Response, local: &Spans<'_>) -> Outcome {
+        match response {
+            Response::Ack => Outcome::Done(WcStatus::Success, local.len as u32),
+            Response::Atomic(original) => {
+                let bytes = original.to_ne_bytes();
+                // SAFETY: the destination spans are pinned local LOCAL_WRITE registrations
+                // totalling 8 bytes (checked at post); all local, so the copy cannot fail.
+                let _ = unsafe { access::copy_ordered(&[Span::of(&bytes)], &local.spans) };
+                Outcome::Done(WcStatus::Success, 8)
+            }
+            Response::Nak(status) => Outcome::Done(status, 0),
+            Response::Rnr(delay) => Outcome::Rnr(delay),
+            Response::Dropped => self.lost(local.len),
+        }
+    }
+
+    /// A message that reached no one: RC waits for an ACK that never comes; UC and UD
+    /// complete successfully, as their packets are simply lost.
+    fn lost(&self, len: u64) -> Outcome {
+        match self.qp_type {
+            QpType::Rc => Outcome::NoAck,
+            _ => Outcome::Done(WcStatus::Success, len as u32),
+        }
+    }
+
+    /// A layout bind: the staged layout of container `key` takes effect now, in the QP's
+    /// program order.
+    fn bind_layout(&self, key: u32) -> Outcome {
+        let bound = self
+            .dev
+            .layouts
+            .find(key)
+            .is_some_and(|mr| mr.bind(&self.dev.keys, &self.dev.layouts, self.pd.id));
+        if bound {
+            Outcome::Done(WcStatus::Success, 0)
+        } else {
+            Outcome::Done(WcStatus::MwBindErr, 0)
+        }
+    }
+}

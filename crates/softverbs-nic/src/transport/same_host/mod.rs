@@ -1,0 +1,197 @@
+//! The same-host transport: the initiator executes a request itself, in its own thread,
+//! against the responder's device memory.
+//!
+//! The responder is a QP of this process ([`Target::Local`]) or of another process on this
+//! host, whose context and segments are mapped here ([`RemoteQp`], found through the host's
+//! directory and kept in [`peers()`]). Either way the responder's semantics run here and the
+//! target runs no code: a peer that spins on its own memory, as `ib_write_lat` does, sees the
+//! bytes land. Bytes of a peer's plain (not `memfd`) memory are reached by cross-memory
+//! attach (the spans [`RemoteQp`] places carry the owner's pid).
+
+pub(crate) mod peers;
+pub(crate) mod remote;
+
+pub(crate) use peers::peers;
+pub(crate) use remote::RemoteQp;
+
+use super::Transport;
+use crate::cq::Cqe;
+use crate::device::Device;
+use crate::mr::access::Span;
+use crate::mr::keys::{KeyTable, Pin};
+use crate::pd::Ah;
+use crate::qp::Qp;
+use crate::qp::request::{Request, Response};
+use crate::qp::responder::{Responder, respond};
+use crate::qp::rq::RecvWqe;
+use crate::types::{AccessFlags, AhAttr, AsyncEventType, Gid, QpType};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// The same-host transport.
+pub(crate) struct SameHost;
+
+/// A responder QP: in this process, or another process's mapped here.
+pub(crate) enum Target {
+    Local(Arc<Qp>),
+    Remote(Arc<RemoteQp>),
+}
+
+/// What a requester remembers of its connected responder. A QP of this process is held
+/// weakly: a requester does not keep its responder alive.
+pub(crate) enum CachedPeer {
+    Local(Weak<Qp>),
+    Remote(Arc<RemoteQp>),
+}
+
+/// Finds QP `qpn` of `dev`: here, or in another process on this host.
+fn find_target(dev: &Device, qpn: u32) -> Option<Target> {
+    if let Some(q) = dev.find_qp::<Qp>(qpn) {
+        return Some(Target::Local(q));
+    }
+    peers()
+        .get(dev.config.gid, qpn, dev.clock)
+        .map(Target::Remote)
+}
+
+impl Transport for SameHost {
+    type Peer = CachedPeer;
+    type Target = Target;
+
+    #[inline]
+    fn responder(
+        &self,
+        peer: &mut Option<CachedPeer>,
+        _: &AhAttr,
+        dev: &Weak<Device>,
+        qpn: u32,
+    ) -> Option<Target> {
+        match peer {
+            Some(CachedPeer::Local(w)) => Some(Target::Local(w.upgrade()?)),
+            Some(CachedPeer::Remote(r)) => Some(Target::Remote(r.clone())),
+            None => {
+                let found = find_target(&*dev.upgrade()?, qpn)?;
+                *peer = Some(match &found {
+                    Target::Local(q) => CachedPeer::Local(Arc::downgrade(q)),
+                    Target::Remote(r) => CachedPeer::Remote(r.clone()),
+                });
+                Some(found)
+            }
+        }
+    }
+
+    #[inline]
+    fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Target> {
+        find_target(&*ah.target.upgrade()?, qpn)
+    }
+
+    #[inline]
+    fn deliver(&self, to: &Target, req: &Request<'_>) -> Response {
+        respond(to, req)
+    }
+
+    fn release(&self, dev: &Device) {
+        peers().prune(dev.config.gid);
+    }
+}
+
+impl Responder for Target {
+    #[inline]
+    fn qpn(&self) -> u32 {
+        match self {
+            Target::Local(q) => q.qpn(),
+            Target::Remote(r) => r.qpn(),
+        }
+    }
+    #[inline]
+    fn qp_type(&self) -> QpType {
+        match self {
+            Target::Local(q) => Responder::qp_type(&**q),
+            Target::Remote(r) => r.qp_type(),
+        }
+    }
+    #[inline]
+    fn receiving(&self) -> bool {
+        match self {
+            Target::Local(q) => Responder::receiving(&**q),
+            Target::Remote(r) => r.receiving(),
+        }
+    }
+    #[inline]
+    fn access(&self) -> AccessFlags {
+        match self {
+            Target::Local(q) => Responder::access(&**q),
+            Target::Remote(r) => r.access(),
+        }
+    }
+    #[inline]
+    fn qkey(&self) -> u32 {
+        match self {
+            Target::Local(q) => Responder::qkey(&**q),
+            Target::Remote(r) => r.qkey(),
+        }
+    }
+    #[inline]
+    fn rnr_delay(&self) -> Duration {
+        match self {
+            Target::Local(q) => Responder::rnr_delay(&**q),
+            Target::Remote(r) => r.rnr_delay(),
+        }
+    }
+    #[inline]
+    fn pd_id(&self) -> u32 {
+        match self {
+            Target::Local(q) => q.pd_id(),
+            Target::Remote(r) => r.pd_id(),
+        }
+    }
+    #[inline]
+    fn recv_pd(&self) -> u32 {
+        match self {
+            Target::Local(q) => Responder::recv_pd(&**q),
+            Target::Remote(r) => r.recv_pd(),
+        }
+    }
+    #[inline]
+    fn keys(&self) -> &KeyTable {
+        match self {
+            Target::Local(q) => Responder::keys(&**q),
+            Target::Remote(r) => r.keys(),
+        }
+    }
+    #[inline]
+    fn gid(&self) -> Gid {
+        match self {
+            Target::Local(q) => Responder::gid(&**q),
+            Target::Remote(r) => r.gid(),
+        }
+    }
+    #[inline]
+    fn take_recv(&self) -> Option<RecvWqe> {
+        match self {
+            Target::Local(q) => Responder::take_recv(&**q),
+            Target::Remote(r) => r.take_recv(),
+        }
+    }
+    #[inline]
+    fn push_recv(&self, cqe: Cqe) {
+        match self {
+            Target::Local(q) => Responder::push_recv(&**q, cqe),
+            Target::Remote(r) => r.push_recv(cqe),
+        }
+    }
+    #[inline]
+    fn responder_error(&self, event: Option<AsyncEventType>) {
+        match self {
+            Target::Local(q) => Responder::responder_error(&**q, event),
+            Target::Remote(r) => r.responder_error(event),
+        }
+    }
+    #[inline]
+    fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
+        match self {
+            Target::Local(q) => Responder::place(&**q, pin, host, len),
+            Target::Remote(r) => Responder::place(&**r, pin, host, len),
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! Queue pairs of other processes on this host: how they are found and reached.
+//!
+//! A requester finds the owner of a QP number in the host's directory
+//! ([`crate::device::directory`]), maps the QP's context ([`QpCtx`]) and the segments it names
+//! through `/proc/<pid>/fd/<n>`, and from then on acts on the target's device memory directly:
+//! the target runs no code for it.
+
+use crate::cq::{Cqe, Pushed, W_ID, W_MOVED, push_ring};
+use crate::device::directory::lookup;
+use crate::device::event::{AsyncEvent, EventElement, post_event};
+use crate::device_memory::doorbell::ring_fd;
+use crate::device_memory::export::{Export, open_peer_fd};
+use crate::device_memory::ring::Ring;
+use crate::device_memory::segment::Segment;
+use crate::error::{Error, Result};
+use crate::mr::access::Span;
+use crate::mr::keys::{KeyTable, Pin};
+use crate::qp::context::{DESTROYED, QpCtx};
+use crate::qp::responder::Responder;
+use crate::qp::rq::{RecvQueue, RecvWqe, srq_take};
+use crate::types::{
+    AccessFlags, AsyncEventType, Gid, QpState, QpType, WcOpcode, WcStatus, rnr_timer_micros,
+};
+use rustix::fd::{AsFd, OwnedFd};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The owner's CQ ring a remote QP completes into, and the ring it moved to when the owner
+/// resized the CQ (found through the QP context, mapped once).
+struct CqLink {
+    ring: Ring,
+    next: std::sync::OnceLock<Box<CqLink>>,
+}
+
+impl CqLink {
+    fn new(ring: Ring) -> CqLink {
+        CqLink {
+            ring,
+            next: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+/// A peer's CQ ring from its descriptor, refused unless a completion fits a slot (the ring is
+/// the peer's word, and pushing into too small slots would be a bug here, not an error there).
+fn open_cq_ring(fd: OwnedFd) -> Result<Ring> {
+    let ring = Ring::open(Segment::open(fd)?)?;
+    if ring.payload_bytes() < std::mem::size_of::<Cqe>() {
+        return Err(Error::InvalidArgument(
+            "peer CQ ring: slots too small".into(),
+        ));
+    }
+    Ok(ring)
+}
+
+/// Rings a completion follows through resizes before it settles for the one it reached (the
+/// owner polls every ring it ever had, so stopping early loses nothing).
+const MAX_CQ_MOVES: usize = 8;
+
+/// A QP of another process, mapped into this one.
+pub(crate) struct RemoteQp {
+    pid: u32,
+    ctx: Segment,
+    qpn: u32,
+    qp_type: QpType,
+    rq: RecvQueue,
+    srq_id: Option<u32>,
+    cq: CqLink,
+    chan: Option<OwnedFd>,
+    keys: KeyTable,
+    events: Ring,
+    events_bell: OwnedFd,
+    gid: Gid,
+    maps: Mutex<HashMap<(i32, u64), Arc<Segment>>>,
+    checked: Mutex<Instant>,
+    dead: AtomicBool,
+    clock: crate::clock::Clock,
+}
+
+/// How often a requester checks that a peer process is still alive.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(1);
+
+impl RemoteQp {
+    /// Finds and maps QP `qpn` of the device with `gid`, if another process on this host
+    /// has it.
+    pub(crate) fn open(gid: Gid, qpn: u32, clock: crate::clock::Clock) -> Option<Arc<RemoteQp>> {
+        let (pid, fd, ino) = lookup(gid, qpn)?;
+        if pid == std::process::id() {
+            return None;
+        }
+        match Self::map(gid, qpn, pid, fd, ino, clock) {
+            Ok(q) => Some(Arc::new(q)),
+            Err(e) => {
+                report_once(&e);
+                None
+            }
+        }
+    }
+
+    fn map(
+        gid: Gid,
+        qpn: u32,
+        pid: u32,
+        fd: i32,
+        ino: u64,
+        clock: crate::clock::Clock,
+    ) -> Result<RemoteQp> {
+        let bad = |what: &str| Error::InvalidArgument(format!("peer QP context: {what}"));
+        let ctx = Segment::open(open_peer_fd(pid, fd, ino, false)?)?;
+        if ctx.len() < std::mem::size_of::<QpCtx>() {
+            return Err(bad("too small"));
+        }
+        let c: &QpCtx = ctx.at(0);
+        if !c.published_as(qpn) {
+            return Err(bad("bad header"));
+        }
+        let qp_type =
+            QpType::from_raw(c.qp_type.load(Ordering::Acquire)).ok_or_else(|| bad("type"))?;
+        let need = |e: &Export| e.open(pid, false)?.ok_or_else(|| bad("missing segment"));
+        let rq = RecvQueue::from_ring(Ring::open(Segment::open(need(&c.rq)?)?)?)?;
+        let cq = open_cq_ring(need(&c.cq)?)?;
+        let keys = KeyTable::open(Segment::open(need(&c.keys)?)?)?;
+        let events = Ring::open(Segment::open(need(&c.events)?)?)?;
+        if events.payload_bytes() < std::mem::size_of::<crate::device::event::EventRecord>() {
+            return Err(bad("event queue slots too small"));
+        }
+        let events_bell = c
+            .events_bell
+            .open(pid, true)?
+            .ok_or_else(|| bad("no event bell"))?;
+        let chan = c.chan.open(pid, true)?;
+        let srq = c.srq.load(Ordering::Acquire);
+        Ok(RemoteQp {
+            pid,
+            qpn,
+            qp_type,
+            rq,
+            srq_id: srq.checked_sub(1),
+            cq: CqLink::new(cq),
+            chan,
+            keys,
+            events,
+            events_bell,
+            gid,
+            maps: Mutex::new(HashMap::new()),
+            checked: Mutex::new(Instant::now()),
+            dead: AtomicBool::new(false),
+            clock,
+            ctx,
+        })
+    }
+
+    fn ctx(&self) -> &QpCtx {
+        self.ctx.at(0)
+    }
+
+    /// False once the owner is gone (checked at most every millisecond) or the QP destroyed.
+    pub(super) fn alive(&self) -> bool {
+        if self.dead.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.ctx().state.load(Ordering::Acquire) == DESTROYED {
+            self.dead.store(true, Ordering::Relaxed);
+            return false;
+        }
+        let mut checked = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+        if checked.elapsed() >= LIVENESS_INTERVAL {
+            *checked = Instant::now();
+            let pid = rustix::process::Pid::from_raw(self.pid as i32);
+            let alive = pid.is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+                && std::fs::metadata(format!("/proc/{}/fd", self.pid)).is_ok();
+            if !alive {
+                self.dead.store(true, Ordering::Relaxed);
+                return false;
+            }
+        }
+        true
+    }
+
+    fn state(&self) -> u32 {
+        self.ctx().state.load(Ordering::Acquire)
+    }
+
+    fn post(&self, ev: AsyncEvent) {
+        post_event(&self.events, self.events_bell.as_fd(), ev);
+    }
+
+    /// The owner's current CQ ring: the one mapped first, or where resizes moved it.
+    fn cq(&self) -> &Ring {
+        let mut link = &self.cq;
+        for _ in 0..MAX_CQ_MOVES {
+            if link.ring.user_words()[W_MOVED].load(Ordering::Acquire) == 0 {
+                break;
+            }
+            if link.next.get().is_none() {
+                // The owner named the new ring in the QP context before flagging the old one.
+                let opened = self
+                    .ctx()
+                    .cq
+                    .open(self.pid, false)
+                    .and_then(|fd| fd.ok_or_else(|| Error::InvalidArgument("no CQ".into())))
+                    .and_then(open_cq_ring);
+                match opened {
+                    Ok(ring) => {
+                        let _ = link.next.set(Box::new(CqLink::new(ring)));
+                    }
+                    // Completions go on into the old ring, which the owner still polls.
+                    Err(e) => {
+                        report_once(&e);
+                        break;
+                    }
+                }
+            }
+            match link.next.get() {
+                Some(next) => link = next,
+                None => break,
+            }
+        }
+        &link.ring
+    }
+
+    /// Where the pinned bytes are for this process: a mapping of the owner's memfd, or
+    /// (plain process memory) the owner's address, reached with cross-memory attach.
+    /// `host` is an owner address inside `pin`'s registration (or, for a layout container's
+    /// pin, a plain buffer of its layout, which has no backing).
+    fn locate(&self, pin: &Pin<'_>, host: usize, len: usize) -> Result<Span> {
+        let Some(b) = pin.backing_at(host) else {
+            return Ok(Span::at(host, len, self.pid));
+        };
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let seg = match maps.get(&(b.fd, b.ino)) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(Segment::open(open_peer_fd(self.pid, b.fd, b.ino, false)?)?);
+                maps.insert((b.fd, b.ino), s.clone());
+                s
+            }
+        };
+        let end = b.offset.checked_add(len as u64);
+        if end.is_none_or(|e| e > seg.len() as u64) {
+            return Err(Error::InvalidArgument(
+                "peer registration outside its memfd".into(),
+            ));
+        }
+        Ok(Span::local(seg.as_ptr() as usize + b.offset as usize, len))
+    }
+}
+
+impl Responder for RemoteQp {
+    #[inline]
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    #[inline]
+    fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+    #[inline]
+    fn receiving(&self) -> bool {
+        let s = self.state();
+        self.alive()
+            && [QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe]
+                .iter()
+                .any(|&ok| ok as u32 == s)
+    }
+    #[inline]
+    fn access(&self) -> AccessFlags {
+        AccessFlags::from_bits_retain(self.ctx().access.load(Ordering::Acquire))
+    }
+    #[inline]
+    fn qkey(&self) -> u32 {
+        self.ctx().qkey.load(Ordering::Acquire)
+    }
+    #[inline]
+    fn rnr_delay(&self) -> Duration {
+        let code = self.ctx().min_rnr_timer.load(Ordering::Acquire) as u8;
+        Duration::from_micros(rnr_timer_micros(code))
+    }
+    #[inline]
+    fn pd_id(&self) -> u32 {
+        self.ctx().pd.load(Ordering::Acquire)
+    }
+    #[inline]
+    fn recv_pd(&self) -> u32 {
+        self.ctx().recv_pd.load(Ordering::Acquire)
+    }
+    #[inline]
+    fn keys(&self) -> &KeyTable {
+        &self.keys
+    }
+    #[inline]
+    fn gid(&self) -> Gid {
+        self.gid
+    }
+
+    fn take_recv(&self) -> Option<RecvWqe> {
+        match self.srq_id {
+            Some(id) => srq_take(&self.rq, id, |ev| self.post(ev)),
+            None => self.rq.take(),
+        }
+    }
+
+    /// Pushes a receive completion into the owner's CQ, signalling as the owner would.
+    fn push_recv(&self, mut cqe: Cqe) {
+        cqe.timestamp = self.clock.now_raw();
+        let cq = self.cq();
+        match push_ring(cq, &cqe) {
+            Pushed::Queued { notify } => {
+                if notify && let Some(ch) = &self.chan {
+                    ring_fd(ch.as_fd());
+                }
+            }
+            Pushed::Lost { first } => {
+                if first {
+                    let id = cq.user_words()[W_ID].load(Ordering::Acquire);
+                    self.post(AsyncEvent {
+                        kind: AsyncEventType::CqErr,
+                        element: EventElement::Cq(id),
+                    });
+                }
+                self.responder_error(Some(AsyncEventType::QpFatal));
+            }
+        }
+    }
+
+    /// The responder side of an error: the owner's QP goes to ERR, its posted receives are
+    /// flushed (here: nothing in the owner needs to run), and it gets `event`.
+    fn responder_error(&self, event: Option<AsyncEventType>) {
+        let moved = self
+            .ctx()
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (s != QpState::Err as u32 && s != QpState::Reset as u32 && s != DESTROYED)
+                    .then_some(QpState::Err as u32)
+            })
+            .is_ok();
+        if !moved {
+            return;
+        }
+        if let Some(kind) = event {
+            self.post(AsyncEvent {
+                kind,
+                element: EventElement::Qp(self.qpn),
+            });
+        }
+        if self.srq_id.is_none() {
+            while let Some(w) = self.rq.take() {
+                self.push_recv(Cqe {
+                    wr_id: w.wr_id,
+                    status: WcStatus::WrFlushErr as u8,
+                    opcode: WcOpcode::Recv as u8,
+                    qp_num: self.qpn,
+                    ..Cqe::default()
+                });
+            }
+        }
+    }
+
+    #[inline]
+    fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
+        self.locate(pin, host, len).ok()
+    }
+}
+
+/// Says once per process why a peer could not be reached (the data path has no other voice).
+fn report_once(e: &Error) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!("softverbs: cannot reach a QP of another process: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer's CQ ring whose slots cannot hold a completion is refused at mapping, rather
+    /// than failing an assertion at the first completion pushed into it.
+    #[test]
+    fn a_peer_cq_ring_with_tiny_slots_is_refused() {
+        let dup = |r: &Ring| r.segment().fd().try_clone_to_owned().unwrap();
+        let tiny = Ring::new("t", 4, 16).unwrap();
+        assert!(open_cq_ring(dup(&tiny)).is_err());
+        let fits = Ring::new("t", 4, std::mem::size_of::<Cqe>()).unwrap();
+        assert!(open_cq_ring(dup(&fits)).is_ok());
+    }
+}
