@@ -7,7 +7,7 @@
 //! [`Qp::post_send`] and [`Qp::post_recv`]. Registered memory is reached only through the
 //! [`Memory`] trait (key, rights, PD and bounds checked there), so the same core runs over the
 //! NIC's key table and over the plain [`MemoryModel`] tests use. The core reads no clock and
-//! does no I/O; [`crate::endpoint`] wraps many QPs into a host's RoCEv2 endpoint.
+//! does no I/O; the crate's `endpoint` module wraps many QPs into a host's RoCEv2 endpoint.
 //!
 //! What the IBTA specification (and the kernel's soft-RoCE, which peers expect) asks, each
 //! with its completion status: segmentation at the path MTU; ACK requests on the last packet
@@ -331,6 +331,3 @@ pub struct QpCounters {
     /// response nothing waits for, a UD message without a receive).
     pub dropped: u64,
 }
-
-#[cfg(test)]
-mod tests;

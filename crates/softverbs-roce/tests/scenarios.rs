@@ -1,10 +1,10 @@
 //! Scenarios of two endpoints through the simulator: each operation, each error and its
 //! status, and targeted faults (a dropped packet, a partition, a missing receive).
 
-use super::*;
-use crate::Time;
-use crate::endpoint::Endpoint;
-use crate::sim::{HostId, LinkConfig, Network, ScheduledFault};
+use softverbs_roce::Time;
+use softverbs_roce::endpoint::Endpoint;
+use softverbs_roce::sim::{Faults, HostId, LinkConfig, Network, ScheduledFault};
+use softverbs_roce::transport::*;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -721,7 +721,7 @@ fn a_message_longer_than_the_window_goes_through() {
         });
         p.net.set_default_link(LinkConfig {
             latency: Duration::from_micros(2),
-            faults: crate::sim::Faults {
+            faults: Faults {
                 loss,
                 ..Default::default()
             },
