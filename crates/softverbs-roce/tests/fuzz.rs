@@ -555,10 +555,29 @@ fn forged_and_mangled_packets_never_panic_stray_or_move_a_window() {
             };
             if outside || !from_peer {
                 reached[0] += 1;
-                assert_eq!(
-                    after, before,
-                    "case {case}: a packet outside the window changed the QP: {d:?}"
-                );
+                if after != before {
+                    let changed: Vec<String> = after
+                        .memory
+                        .iter()
+                        .zip(&before.memory)
+                        .enumerate()
+                        .filter(|(_, (a, b))| a != b)
+                        .map(|(i, (a, b))| {
+                            let at = a.iter().zip(b.iter()).position(|(x, y)| x != y);
+                            format!("region {i} from byte {at:?}")
+                        })
+                        .collect();
+                    panic!(
+                        "case {case}: a packet outside the window changed the QP (memory: {changed:?}; \
+                         expected PSN {} -> {}, unacked {:?} -> {:?}, receives {} -> {}): {d:?}",
+                        before.expected,
+                        after.expected,
+                        before.unacked,
+                        after.unacked,
+                        before.posted,
+                        after.posted
+                    );
+                }
                 assert_eq!(
                     count_events(host),
                     events_before,

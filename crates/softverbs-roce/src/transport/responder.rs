@@ -71,6 +71,9 @@ enum Reply {
         va: u64,
         rkey: u32,
         len: u64,
+        /// Answers a duplicate request: a failure then refuses the duplicate only, and the
+        /// QP stays as it is (a replayed old packet must not be able to break it).
+        replay: bool,
     },
 }
 
@@ -208,6 +211,7 @@ impl Responder {
                         va,
                         rkey,
                         len,
+                        replay: true,
                     });
                 }
                 (ResourceKind::Atomic { original }, _) if op.is_atomic() && p == r.first => {
@@ -425,6 +429,7 @@ impl Responder {
                 va: reth.va,
                 rkey: reth.rkey,
                 len,
+                replay: false,
             });
             self.epsn = self.epsn.add(npkts);
             return Ok(());
@@ -615,6 +620,7 @@ impl Responder {
                 va,
                 rkey,
                 len,
+                replay,
             } => {
                 let k = next.diff(*first) as u32;
                 let op = match (*npkts, k) {
@@ -633,12 +639,15 @@ impl Responder {
                 {
                     // The region went away since the request was checked.
                     let psn = *next;
+                    let replay = *replay;
                     *front = Reply::Nak {
                         psn,
                         code: NakCode::RemoteAccessError,
                     };
                     s.counters.error_naks_sent += 1;
-                    s.fail(QpError::Responder(NakCode::RemoteAccessError));
+                    if !replay {
+                        s.fail(QpError::Responder(NakCode::RemoteAccessError));
+                    }
                     return self.poll_transmit(s, mem, buf);
                 }
                 payload_len = n;
