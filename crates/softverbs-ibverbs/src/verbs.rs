@@ -738,7 +738,7 @@ fn gid_entry(ctx: &SvContext, port: u32, index: u32) -> Result<ibv_gid_entry> {
         gid_index: index,
         port_num: u32::from(port),
         gid_type,
-        ndev_ifindex: 0,
+        ndev_ifindex: dev.config().net.as_ref().map_or(0, |n| n.ifindex),
     })
 }
 

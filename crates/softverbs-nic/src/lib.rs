@@ -24,7 +24,8 @@
 //!   semantics of every work request.
 //! - `transport`: how a request reaches its responder: the boundary, and the same-host
 //!   transport (the initiator executes against a QP of this process, or of another process of
-//!   this host mapped here). RoCEv2 will be the second.
+//!   this host mapped here), and RoCEv2 between hosts (a networked device's QPs executed by
+//!   the host engine that owns UDP port 4791).
 //! - [`inspect`]: another process's CQ rings and threads, read through `/proc` (hang reports).
 
 pub mod clock;
@@ -37,8 +38,14 @@ pub mod inspect;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod random;
 pub(crate) mod transport;
 pub mod types;
+
+/// The host engine of networked devices, as programs and the CLI see it.
+pub mod engine {
+    pub use crate::transport::roce::{ENV_PCAP, engine_capture, engine_report};
+}
 
 pub use error::{Error, Result};
 pub use types::GRH_LEN;

@@ -41,6 +41,13 @@ pub enum EndpointError {
 /// The QPs of one host address, over memory `M`.
 pub struct Endpoint<M: Memory> {
     addr: IpAddr,
+    /// More addresses of the same host (a RoCE port answers on every address of its GID
+    /// table).
+    more: Vec<IpAddr>,
+    /// Set when the IP and UDP headers are made by a kernel UDP socket bound to this port:
+    /// the ICRC must then cover what the kernel sends (this source port, and IPv4
+    /// identification 0, which Linux gives don't-fragment datagrams of unconnected sockets).
+    kernel_port: Option<u16>,
     qps: BTreeMap<u32, Qp>,
     /// The host's registered memory, which its QPs reach.
     pub mem: M,
@@ -57,6 +64,8 @@ impl<M: Memory> Endpoint<M> {
     pub fn new(addr: IpAddr, mem: M) -> Endpoint<M> {
         Endpoint {
             addr,
+            more: Vec::new(),
+            kernel_port: None,
             qps: BTreeMap::new(),
             mem,
             counters: EndpointCounters::default(),
@@ -69,6 +78,34 @@ impl<M: Memory> Endpoint<M> {
 
     pub fn addr(&self) -> IpAddr {
         self.addr
+    }
+
+    /// Makes `addr` an address of this host too.
+    pub fn add_addr(&mut self, addr: IpAddr) {
+        if addr != self.addr && !self.more.contains(&addr) {
+            self.more.push(addr);
+        }
+    }
+
+    /// Datagrams from now on are sent through a kernel UDP socket bound to `port`, which
+    /// writes the IP and UDP headers itself: see the field's doc.
+    pub fn use_kernel_headers(&mut self, port: u16) {
+        self.kernel_port = Some(port);
+    }
+
+    fn is_ours(&self, a: IpAddr) -> bool {
+        a == self.addr || self.more.contains(&a)
+    }
+
+    /// The address packets to `dst` leave from: of its family, link-local for link-local.
+    fn source_for(&self, dst: IpAddr) -> IpAddr {
+        let link_local =
+            |a: &IpAddr| matches!(a, IpAddr::V6(v) if v.segments()[0] & 0xffc0 == 0xfe80);
+        std::iter::once(self.addr)
+            .chain(self.more.iter().copied())
+            .filter(|a| a.is_ipv4() == dst.is_ipv4())
+            .min_by_key(|a| link_local(a) != link_local(&dst))
+            .unwrap_or(self.addr)
     }
 
     pub fn counters(&self) -> &EndpointCounters {
@@ -87,6 +124,13 @@ impl<M: Memory> Endpoint<M> {
         self.qps.insert(qpn, Qp::new(cfg));
         self.turn.push_back(qpn);
         Ok(())
+    }
+
+    /// Removes QP `qpn` (destroyed or reset); what it had queued is forgotten.
+    pub fn remove_qp(&mut self, qpn: u32) -> Option<Qp> {
+        self.turn.retain(|&q| q != qpn);
+        self.events.retain(|(q, _)| *q != qpn);
+        self.qps.remove(&qpn)
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
@@ -117,7 +161,7 @@ impl<M: Memory> Endpoint<M> {
                 return;
             }
         };
-        if d.ip.dst() != self.addr {
+        if !self.is_ours(d.ip.dst()) {
             self.counters.not_ours += 1;
             return;
         }
@@ -140,16 +184,20 @@ impl<M: Memory> Endpoint<M> {
             let t = qp.poll_transmit(now, &self.mem, &mut self.payload);
             Self::drain_events(qp, &mut self.events);
             let Some(t) = t else { continue };
-            let Some(mut ip) = IpRepr::between(self.addr, t.dst) else {
+            let Some(mut ip) = IpRepr::between(self.source_for(t.dst), t.dst) else {
                 continue;
             };
             self.ident = self.ident.wrapping_add(1);
             if let IpRepr::V4(h) = &mut ip {
-                h.ident = self.ident;
+                h.ident = if self.kernel_port.is_some() {
+                    0
+                } else {
+                    self.ident
+                };
             }
             match emit_datagram(
                 &ip,
-                t.src_port,
+                self.kernel_port.unwrap_or(t.src_port),
                 &t.headers,
                 &self.payload[..t.payload_len],
                 buf,

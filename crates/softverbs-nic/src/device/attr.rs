@@ -141,7 +141,7 @@ impl Device {
             state,
             max_mtu: Mtu::Mtu4096,
             active_mtu: self.config.active_mtu,
-            gid_tbl_len: 1,
+            gid_tbl_len: self.config.gid_count() as i32,
             // IsSMDisabled-style bits do not apply; report none.
             port_cap_flags: 0,
             max_msg_sz: MAX_MSG_SIZE,
@@ -165,12 +165,12 @@ impl Device {
     /// `ibv_query_gid`.
     pub fn gid(&self, port: u8, index: u32) -> Result<Gid> {
         self.check_port(port)?;
-        if index != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "GID index {index} (the table has 1 entry)"
-            )));
-        }
-        Ok(self.config.gid)
+        self.config.gid_at(index).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "GID index {index} (the table has {} entries)",
+                self.config.gid_count()
+            ))
+        })
     }
 
     /// `ibv_query_pkey`.

@@ -78,7 +78,16 @@ impl Device {
         let numbers = QpNumbers::new(config.limits.max_qp);
         let slots = numbers.slots();
         Ok(Arc::new(Device {
-            keys: KeyTable::new(config.limits.max_mr)?.with_ordering_check(config.ordering_check),
+            keys: {
+                let k =
+                    KeyTable::new(config.limits.max_mr)?.with_ordering_check(config.ordering_check);
+                // Keys of a networked device travel where attackers can send packets.
+                if config.net.is_some() {
+                    k.with_secret_keys()
+                } else {
+                    k
+                }
+            },
             clock: Clock::new(config.timestamp_bits),
             progress: Progress::default(),
             qps: RwLock::new(HashMap::new()),
@@ -153,10 +162,13 @@ impl Device {
             (LinkLayer::Ethernet, None) => Err(inval(
                 "RoCE address vectors need a GRH (is_global with a destination GID)",
             )),
-            (_, Some(g)) if g.sgid_index != 0 => Err(inval(format!(
-                "sgid_index {} (the GID table has 1 entry)",
-                g.sgid_index
-            ))),
+            (_, Some(g)) if u32::from(g.sgid_index) >= self.config.gid_count() => {
+                Err(inval(format!(
+                    "sgid_index {} (the GID table has {} entries)",
+                    g.sgid_index,
+                    self.config.gid_count()
+                )))
+            }
             (LinkLayer::InfiniBand, None) if attr.dlid == 0 => {
                 Err(inval("destination LID 0 without a GRH"))
             }

@@ -44,8 +44,17 @@ impl Device {
             .pop()
             .ok_or_else(|| Error::NoResources("no free QP numbers".into()))?;
         let bits = n.bits;
+        let mask = (1 << (24 - bits)) - 1;
         let g = &mut n.generation[index as usize];
-        *g = (*g + 1) & ((1 << (24 - bits)) - 1);
+        // An attacker on the network must not guess a networked device's QP numbers; the
+        // generation bits are random there (and never repeat the previous one).
+        *g = match &self.config.net {
+            Some(_) => {
+                let r = crate::random::random_u64() as u32 & mask;
+                if r == *g { (r + 1) & mask } else { r }
+            }
+            None => (*g + 1) & mask,
+        };
         self.sq_retired[index as usize].store(0, Ordering::Release);
         Ok(*g << bits | index)
     }

@@ -18,7 +18,7 @@ const DYING: u32 = 2;
 const HEADER: usize = 64;
 const MAGIC: u32 = 0x4b45_5953; // "KEYS"
 /// 2: entries grew the layout fields (`layout_fd`, `layout_gen`, `layout_ino`).
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 /// One registered region, as any process mapping the table sees it.
 #[repr(C)]
@@ -51,6 +51,10 @@ pub struct KeyEntry {
     layout_gen: AtomicU32,
     /// Inode of the layout `memfd`, so a recycled descriptor number is never mistaken for it.
     layout_ino: AtomicU64,
+    /// The slot's generation, bumped at each registration (the low 8 bits of the key before
+    /// [`KeyTable::hide`]).
+    generation: AtomicU32,
+    _pad: AtomicU32,
 }
 
 // SAFETY: repr(C), atomics only, valid when zero (state FREE).
@@ -113,6 +117,9 @@ pub struct Backing {
 pub struct KeyTable {
     seg: Segment,
     capacity: u32,
+    /// Round keys of the permutation that hides slot numbers in the keys of a networked
+    /// device (all zero: keys are plain `slot << 8 | generation`).
+    mix: [u32; 4],
     free: Mutex<Vec<u32>>,
     /// The device's ordering check: relaxed regions registered here are scrambled.
     ordering_check: bool,
@@ -195,6 +202,7 @@ impl KeyTable {
         Ok(KeyTable {
             seg,
             capacity,
+            mix: [0; 4],
             free: Mutex::new(free),
             ordering_check: false,
         })
@@ -219,7 +227,9 @@ impl KeyTable {
         {
             return Err(bad());
         }
+        let mix: &[AtomicU32] = seg.slice(16, 4);
         Ok(KeyTable {
+            mix: std::array::from_fn(|i| mix[i].load(Ordering::Acquire)),
             seg,
             capacity,
             free: Mutex::new(Vec::new()),
@@ -233,6 +243,52 @@ impl KeyTable {
     pub fn with_ordering_check(mut self, on: bool) -> KeyTable {
         self.ordering_check = on;
         self
+    }
+
+    /// Makes the keys unpredictable, for a device whose keys travel over a network an
+    /// attacker can send to: each key is its slot and generation through a 32-bit keyed
+    /// permutation (a 4-round Feistel network with random round keys, kept in the table's
+    /// header for the peers that map it), so without the round keys every key looks like 32
+    /// random bits, and a guessed one names a live region with odds of live regions / 2^32.
+    pub fn with_secret_keys(mut self) -> KeyTable {
+        let (a, b) = (crate::random::random_u64(), crate::random::random_u64());
+        self.mix = [a as u32, (a >> 32) as u32, b as u32, (b >> 32) as u32 | 1];
+        let mix: &[AtomicU32] = self.seg.slice(16, 4);
+        for (w, v) in mix.iter().zip(self.mix) {
+            w.store(v, Ordering::Release);
+        }
+        self
+    }
+
+    fn round(x: u16, k: u32) -> u16 {
+        let h = (u32::from(x) ^ k).wrapping_mul(0x9e37_79b1);
+        ((h ^ (h >> 15)).wrapping_mul(0x85eb_ca77) >> 16) as u16
+    }
+
+    /// The key a program sees for internal key `k` (`slot << 8 | generation`).
+    #[inline]
+    fn hide(&self, k: u32) -> u32 {
+        if self.mix == [0; 4] {
+            return k;
+        }
+        let (mut l, mut r) = ((k >> 16) as u16, k as u16);
+        for &rk in &self.mix {
+            (l, r) = (r, l ^ Self::round(r, rk));
+        }
+        u32::from(l) << 16 | u32::from(r)
+    }
+
+    /// The slot a program's key names (the inverse of [`hide`](Self::hide), then the slot).
+    #[inline]
+    fn slot(&self, key: u32) -> u32 {
+        if self.mix == [0; 4] {
+            return key >> 8;
+        }
+        let (mut l, mut r) = ((key >> 16) as u16, key as u16);
+        for &rk in self.mix.iter().rev() {
+            (l, r) = (r ^ Self::round(l, rk), l);
+        }
+        (u32::from(l) << 16 | u32::from(r)) >> 8
     }
 
     /// The segment holding the table.
@@ -267,8 +323,9 @@ impl KeyTable {
             .pop()
             .ok_or_else(|| Error::NoResources("memory-region table is full (max_mr)".into()))?;
         let e = self.entry(index).expect("free list holds valid indices");
-        let generation = (e.key.load(Ordering::Relaxed).wrapping_add(1)) & 0xff;
-        let key = index << 8 | generation;
+        let generation = (e.generation.load(Ordering::Relaxed).wrapping_add(1)) & 0xff;
+        e.generation.store(generation, Ordering::Relaxed);
+        let key = self.hide(index << 8 | generation);
         e.key.store(key, Ordering::Relaxed);
         e.pd.store(pd, Ordering::Relaxed);
         e.access.store(access.bits(), Ordering::Relaxed);
@@ -318,13 +375,13 @@ impl KeyTable {
         self.free
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(key >> 8);
+            .push(self.slot(key));
         Ok(())
     }
 
     /// What registration recorded for `key`, if it is valid.
     pub fn info(&self, key: u32) -> Option<KeyInfo> {
-        let e = self.entry(key >> 8)?;
+        let e = self.entry(self.slot(key))?;
         if e.state.load(Ordering::Acquire) != VALID || e.key.load(Ordering::Relaxed) != key {
             return None;
         }
@@ -392,7 +449,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<(Pin<'_>, &KeyEntry), KeyError> {
-        let e = self.entry(key >> 8).ok_or(KeyError::Invalid)?;
+        let e = self.entry(self.slot(key)).ok_or(KeyError::Invalid)?;
         e.users.fetch_add(1, Ordering::SeqCst);
         let mut pin = Pin { entry: e, host: 0 };
         if e.state.load(Ordering::SeqCst) != VALID || e.key.load(Ordering::Relaxed) != key {
@@ -445,7 +502,7 @@ impl KeyTable {
 
     /// The layout generation of `key` (0: not a layout, or not a valid key).
     pub fn layout_generation(&self, key: u32) -> u32 {
-        self.entry(key >> 8)
+        self.entry(self.slot(key))
             .filter(|e| {
                 e.key.load(Ordering::Acquire) == key && e.state.load(Ordering::Acquire) == VALID
             })

@@ -3,7 +3,8 @@
 //! The context is a segment of its own, so any process that maps it can act on the QP: read
 //! its state and rights, move it to ERR, and open (by descriptor number and inode) the
 //! segments it names: the receive ring (or SRQ ring), the receive CQ ring and its channel's
-//! doorbell, the key table, and the owner's async event queue. The owner's QP reads its state
+//! doorbell, the key table, and the owner's async event queue; for a QP of a networked device
+//! also its send ring and send CQ, which the host engine serves. The owner's QP reads its state
 //! from here too, so every party sees one state word.
 
 use crate::device_memory::export::Export;
@@ -12,7 +13,7 @@ use crate::types::QpType;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 const CTX_MAGIC: u32 = 0x5150_4358; // "QPCX"
-const CTX_VERSION: u32 = 1;
+const CTX_VERSION: u32 = 2;
 /// `state` value of a destroyed QP: peers holding a mapping must stop using it.
 pub(crate) const DESTROYED: u32 = 0xdead;
 
@@ -38,6 +39,14 @@ pub(crate) struct QpCtx {
     pub(crate) keys: Export,
     pub(crate) events: Export,
     pub(crate) events_bell: Export,
+    /// Networked QPs (their requests are executed by the host engine): the send ring, the
+    /// send CQ's ring and its channel's doorbell, and the number of the oldest WQE the engine
+    /// has not completed yet.
+    pub(crate) sq: Export,
+    pub(crate) send_cq: Export,
+    pub(crate) send_chan: Export,
+    pub(crate) sq_done: AtomicU32,
+    _pad: AtomicU32,
 }
 
 // SAFETY: repr(C), atomics only, valid when zero.

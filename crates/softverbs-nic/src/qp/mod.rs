@@ -33,7 +33,7 @@ use crate::types::{
     AccessFlags, AsyncEventType, QpAttrMask as M, QpState, QpType, Sge, WcStatus, rnr_timer_micros,
 };
 use context::{DESTROYED, QpCtx};
-use request::Deliver;
+use request::{Deliver, Offload};
 use send::{lock, seq_before};
 use state::{apply, transition};
 use std::collections::VecDeque;
@@ -60,6 +60,8 @@ pub struct Qp {
     ctx: Arc<Segment>,
     _listing: Option<Listing>,
     send: Mutex<SendState>,
+    /// Set when a transport executes this QP's requests (a networked device's engine).
+    pub(crate) offload: Option<<Qp as Deliver>::Offloaded>,
     me: Weak<Qp>,
     _count: Counted,
 }
@@ -134,6 +136,15 @@ impl Qp {
             c.chan.set(ch.bell().write_fd_num(), ch.bell().write_ino());
         }
         export(&c.keys, dev.keys.segment());
+        let offload = <Qp as Deliver>::offload(&dev, qpn, &ctx, &cap)?;
+        if offload.is_some() {
+            init.send_cq
+                .export_into(&ctx, std::mem::offset_of!(QpCtx, send_cq));
+            if let Some(ch) = init.send_cq.channel() {
+                c.send_chan
+                    .set(ch.bell().write_fd_num(), ch.bell().write_ino());
+            }
+        }
         export(&c.events, pd.ctx.events.ring().segment());
         let bell = pd.ctx.events.bell();
         c.events_bell.set(bell.write_fd_num(), bell.write_ino());
@@ -167,11 +178,15 @@ impl Qp {
                 notify_drained: false,
                 last_wqe_reported: false,
             }),
+            offload,
             me: me.clone(),
             dev: dev.clone(),
             _count: count,
         });
         dev.register_qp(qpn, Arc::downgrade(&qp) as Weak<_>);
+        if let Some(o) = &qp.offload {
+            o.bind(Arc::downgrade(&qp));
+        }
         Ok(qp)
     }
 
@@ -285,6 +300,9 @@ impl Qp {
         self.check_values(attr, given)?;
         let mut a = st.attr.clone();
         apply(&mut a, attr, given);
+        if let Some(o) = &self.offload {
+            o.moved(self, cur, next, &a)?;
+        }
         if self
             .ctx()
             .state
@@ -449,6 +467,38 @@ impl Qp {
             }
             self.dev.progress.schedule(Instant::now(), self.me.clone());
         }
+    }
+
+    /// The transport that executes this QP's requests is gone (its host engine died): the QP
+    /// goes to ERR, and everything it had handed over or posted completes with a flush.
+    pub(crate) fn offload_lost(&self) {
+        let mut st = lock(&self.send);
+        let moved = self
+            .ctx()
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (s != QpState::Err as u32 && s != QpState::Reset as u32 && s != DESTROYED)
+                    .then_some(QpState::Err as u32)
+            })
+            .is_ok();
+        if !moved {
+            return;
+        }
+        if let Some(o) = &self.offload {
+            for (seq, wr_id, opcode) in o.unfinished(self.ctx().sq_done.load(Ordering::Acquire)) {
+                // The QP is in ERR already: a flush lost to overrun changes nothing more.
+                let _ = self.send_cq.push(Cqe {
+                    wr_id,
+                    status: WcStatus::WrFlushErr as u8,
+                    opcode: opcode as u8,
+                    qp_num: self.qpn,
+                    wqe_seq: seq,
+                    ..Cqe::default()
+                });
+            }
+        }
+        self.flush(&mut st);
+        self.event(AsyncEventType::QpFatal);
     }
 
     /// Takes a receive WQE for an arriving message, from the SRQ or the QP's own queue.

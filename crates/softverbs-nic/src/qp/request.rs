@@ -7,12 +7,16 @@
 //! on the target's host) moves the bytes in packets and hands the responder the spans of what
 //! arrived.
 
-use super::wr::SendOp;
+use super::Qp;
+use super::attr::{QpAttr, QpCap};
+use super::wr::{SendOp, SendWqe};
 use crate::device::Device;
+use crate::device_memory::segment::Segment;
+use crate::error::Result;
 use crate::mr::resolve::Spans;
 use crate::pd::Ah;
-use crate::types::{AhAttr, Gid, QpType, WcStatus};
-use std::sync::Weak;
+use crate::types::{AhAttr, Gid, QpState, QpType, WcOpcode, WcStatus};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// A request as its responder receives it.
@@ -94,4 +98,34 @@ pub(crate) trait Deliver {
 
     /// The QP is going away: the transport may let go of what it kept for its connections.
     fn release(&self);
+
+    /// What a transport that executes a QP's work requests itself keeps per QP (see
+    /// [`Offload`]).
+    type Offloaded: Offload;
+
+    /// For a QP being created on `dev` with context `ctx`: the transport's handle if it
+    /// executes the QP's requests away from the poster, as a NIC does (a networked device's
+    /// host engine); `None` when they execute at post time.
+    fn offload(
+        dev: &Arc<Device>,
+        qpn: u32,
+        ctx: &Segment,
+        cap: &QpCap,
+    ) -> Result<Option<Self::Offloaded>>;
+}
+
+/// A QP whose work requests a transport executes (the host engine of a networked device): the
+/// send-queue driver hands it each request in order, the state machine tells it of each
+/// move, and completions come back through the QP's CQs in device memory.
+pub(crate) trait Offload: Send + Sync {
+    /// The QP exists: the transport may tell it when the executor is lost
+    /// ([`Qp::offload_lost`]).
+    fn bind(&self, qp: Weak<Qp>);
+    /// Hands work request number `seq` to the executor.
+    fn post(&self, seq: u32, w: &SendWqe<'_>, attr: &QpAttr) -> Result<()>;
+    /// The QP moves from `from` to `to` with attributes `attr` (refused: the QP stays).
+    fn moved(&self, qp: &Qp, from: QpState, to: QpState, attr: &QpAttr) -> Result<()>;
+    /// Requests handed over and not completed (number, `wr_id`, opcode), oldest first, of
+    /// those numbered from `done` on: what to flush if the executor is lost.
+    fn unfinished(&self, done: u32) -> Vec<(u32, u64, WcOpcode)>;
 }

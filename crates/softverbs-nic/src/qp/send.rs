@@ -9,7 +9,7 @@
 
 use super::Qp;
 use super::attr::QpAttr;
-use super::request::Deliver;
+use super::request::{Deliver, Offload};
 use crate::cq::Cqe;
 use crate::device::Device;
 use crate::error::{Error, Result, inval};
@@ -112,6 +112,13 @@ impl Qp {
             }
             _ => {}
         }
+        if matches!(w.op, BindLayout { .. }) && self.offload.is_some() {
+            return Err(Error::Unsupported(
+                "layout binds in the send queue on networked devices (bind with \
+                 ibv_mr_set_layout without WITH_POST_WR)"
+                    .into(),
+            ));
+        }
         if matches!(w.op, BindLayout { .. }) && !w.payload.is_empty() {
             return Err(inval("a layout bind takes no data"));
         }
@@ -207,6 +214,14 @@ impl Qp {
 
     /// One attempt at `w`; true if it stalled and must be retried later.
     fn step(&self, st: &mut SendState, seq: u32, w: &SendWqe<'_>) -> bool {
+        if let Some(o) = &self.offload {
+            // The executor completes it; it cannot refuse what was checked here except by
+            // being gone, which fails the QP anyway.
+            if o.post(seq, w, &st.attr).is_err() {
+                self.complete_send(seq, w, WcStatus::WrFlushErr, 0);
+            }
+            return false;
+        }
         let outcome = self.execute(st, w);
         let (status, len) = match outcome {
             Outcome::Done(status, len) => (status, len),

@@ -17,29 +17,29 @@
 //! - [`same_host`]: the initiator runs the responder's semantics itself, in its own thread,
 //!   against the target's device memory: a QP of this process, or one of another process on
 //!   this host, mapped here. Nothing runs in the target.
-//! - RoCEv2 (`transport/roce/`, from the sans-IO protocol core in `softverbs-roce`): its
-//!   [`Transport::responder`] and [`Transport::ud_responder`] take the path's address (the
-//!   GID of another host) where the same-host transport takes the device of this host it
-//!   names; [`Transport::deliver`] hands the request to the protocol core, which reads
-//!   the requester's spans into packets; on the target's host the host engine, which maps
-//!   the QP contexts of the processes it serves (demultiplexed by QPN through
-//!   [`crate::device::directory`]), runs [`crate::qp::responder::respond`] against a
-//!   `Responder` over that mapping, with the packets' payload as the request's spans, and
-//!   sends the answer back as an ACK, NAK or READ/atomic response. A response comes back
-//!   later than the call, so that transport will answer "in flight" and complete the work
-//!   request when the ACK arrives, the way the driver already keeps a request queued through
-//!   an RNR wait. Nothing in this boundary requires the requester to map the responder's
-//!   memory: a request's spans are read where the request is executed, whoever that is.
+//! - [`roce`]: RoCEv2 between hosts. A networked device's QPs are *offloaded*
+//!   ([`crate::qp::request::Offload`]): the host engine, one process per device address that
+//!   owns UDP port 4791, executes their requests with the sans-IO transport core of
+//!   `softverbs-roce`, as a NIC would, over the QPs' device memory mapped the way the
+//!   same-host transport maps a peer's ([`same_host::RemoteQp`]). The request/response
+//!   shape of [`Transport`] did not fit (a response comes back much later, in packets, and
+//!   the target's side runs in the engine, not in the poster), so the RoCE transport takes
+//!   the whole send queue instead: the driver hands it each request and the engine
+//!   completes it. The responder's checks are the core's (`softverbs_roce::transport`), its
+//!   key checks the NIC's key table (`roce::engine::memory`).
 
+pub(crate) mod roce;
 pub(crate) mod same_host;
 
 use crate::device::Device;
+use crate::device_memory::segment::Segment;
 use crate::pd::Ah;
-use crate::qp::Qp;
 use crate::qp::request::{Deliver, Request, Response};
+use crate::qp::{Qp, QpCap};
 use crate::types::AhAttr;
+use roce::NetQp;
 use same_host::SameHost;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 /// What a transport provides to the core.
 pub(crate) trait Transport {
@@ -69,8 +69,8 @@ pub(crate) trait Transport {
     fn release(&self, dev: &Device);
 }
 
-/// Every QP's requests travel over the same host for now; RoCE devices will be told apart
-/// here, by the QP's device, with an enum over the two transports' peers and targets.
+/// A QP of a networked device is offloaded to its host engine ([`roce`]), which executes its
+/// requests; every other QP's requests execute at post time over the same host.
 impl Deliver for Qp {
     type Peer = <SameHost as Transport>::Peer;
     type Target = <SameHost as Transport>::Target;
@@ -98,5 +98,19 @@ impl Deliver for Qp {
 
     fn release(&self) {
         SameHost.release(&self.dev)
+    }
+
+    type Offloaded = NetQp;
+
+    fn offload(
+        dev: &Arc<Device>,
+        qpn: u32,
+        ctx: &Segment,
+        cap: &QpCap,
+    ) -> crate::Result<Option<NetQp>> {
+        match dev.config.net {
+            Some(_) => NetQp::new(dev, qpn, ctx, cap).map(Some),
+            None => Ok(None),
+        }
     }
 }

@@ -103,6 +103,30 @@ impl Qp {
         }
     }
 
+    /// The requester's half of `ibv_modify_qp` to RTS, for a QP that was receiving since RTR
+    /// (created with placeholder send attributes): its first PSN, timeouts and limits. Only
+    /// before anything was posted; later calls change nothing and return false.
+    pub fn ready_to_send(
+        &mut self,
+        sq_psn: Psn,
+        timeout: u8,
+        retry_cnt: u8,
+        rnr_retry: u8,
+        max_rd_atomic: u8,
+    ) -> bool {
+        if !self.req.is_idle() {
+            return false;
+        }
+        let c = &mut self.shared.cfg;
+        c.sq_psn = sq_psn;
+        c.timeout = timeout;
+        c.retry_cnt = retry_cnt;
+        c.rnr_retry = rnr_retry;
+        c.max_rd_atomic = max_rd_atomic;
+        self.req = Requester::new(c);
+        true
+    }
+
     pub fn config(&self) -> &QpConfig {
         &self.shared.cfg
     }

@@ -96,6 +96,11 @@ impl Requester {
         }
     }
 
+    /// Nothing was ever posted.
+    pub fn is_idle(&self) -> bool {
+        self.wqes.is_empty() && self.assigned == self.una
+    }
+
     pub fn post(&mut self, s: &mut Shared, _now: Time, wr: SendWr) -> Result<(), PostError> {
         let cfg = &s.cfg;
         let len = wr.len();

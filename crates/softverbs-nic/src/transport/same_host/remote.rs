@@ -69,6 +69,8 @@ pub(crate) struct RemoteQp {
     srq_id: Option<u32>,
     cq: CqLink,
     chan: Option<OwnedFd>,
+    /// The send CQ, mapped when first needed (only the host engine completes sends).
+    send_cq: std::sync::OnceLock<Option<(CqLink, Option<OwnedFd>)>>,
     keys: KeyTable,
     events: Ring,
     events_bell: OwnedFd,
@@ -140,6 +142,7 @@ impl RemoteQp {
             srq_id: srq.checked_sub(1),
             cq: CqLink::new(cq),
             chan,
+            send_cq: std::sync::OnceLock::new(),
             keys,
             events,
             events_bell,
@@ -187,18 +190,41 @@ impl RemoteQp {
         post_event(&self.events, self.events_bell.as_fd(), ev);
     }
 
+    /// The owner's pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The QP's send ring (networked QPs), mapped here.
+    pub(crate) fn send_ring(&self) -> Result<Ring> {
+        let fd = self
+            .ctx()
+            .sq
+            .open(self.pid, false)?
+            .ok_or_else(|| Error::InvalidArgument("peer QP context: no send ring".into()))?;
+        Ring::open(Segment::open(fd)?)
+    }
+
+    /// Says that every send WQE before number `seq` has completed.
+    pub(crate) fn set_sq_done(&self, seq: u32) {
+        self.ctx().sq_done.store(seq, Ordering::Release);
+    }
+
     /// The owner's current CQ ring: the one mapped first, or where resizes moved it.
     fn cq(&self) -> &Ring {
-        let mut link = &self.cq;
+        self.follow(&self.cq, |c| &c.cq)
+    }
+
+    /// The CQ ring `first` leads to through resizes; `export` names the CQ in the context.
+    fn follow<'a>(&self, first: &'a CqLink, export: fn(&QpCtx) -> &Export) -> &'a Ring {
+        let mut link = first;
         for _ in 0..MAX_CQ_MOVES {
             if link.ring.user_words()[W_MOVED].load(Ordering::Acquire) == 0 {
                 break;
             }
             if link.next.get().is_none() {
                 // The owner named the new ring in the QP context before flagging the old one.
-                let opened = self
-                    .ctx()
-                    .cq
+                let opened = export(self.ctx())
                     .open(self.pid, false)
                     .and_then(|fd| fd.ok_or_else(|| Error::InvalidArgument("no CQ".into())))
                     .and_then(open_cq_ring);
@@ -219,6 +245,58 @@ impl RemoteQp {
             }
         }
         &link.ring
+    }
+
+    /// Pushes a send completion into the owner's send CQ (the host engine completes the
+    /// sends of networked QPs).
+    pub(crate) fn push_send(&self, cqe: Cqe) {
+        let link = self.send_cq.get_or_init(|| {
+            let c = self.ctx();
+            let ring = c
+                .send_cq
+                .open(self.pid, false)
+                .ok()
+                .flatten()
+                .map(open_cq_ring);
+            match ring {
+                Some(Ok(r)) => Some((
+                    CqLink::new(r),
+                    c.send_chan.open(self.pid, true).ok().flatten(),
+                )),
+                Some(Err(e)) => {
+                    report_once(&e);
+                    None
+                }
+                None => None,
+            }
+        });
+        if let Some((first, chan)) = link {
+            let ring = self.follow(first, |c| &c.send_cq);
+            self.push_into(ring, chan.as_ref(), cqe);
+        }
+    }
+
+    /// Pushes `cqe` into `cq`, ringing `chan` as the owner asked, stamping the time; a lost
+    /// completion is fatal to the QP.
+    fn push_into(&self, cq: &Ring, chan: Option<&OwnedFd>, mut cqe: Cqe) {
+        cqe.timestamp = self.clock.now_raw();
+        match push_ring(cq, &cqe) {
+            Pushed::Queued { notify } => {
+                if notify && let Some(ch) = chan {
+                    ring_fd(ch.as_fd());
+                }
+            }
+            Pushed::Lost { first } => {
+                if first {
+                    let id = cq.user_words()[W_ID].load(Ordering::Acquire);
+                    self.post(AsyncEvent {
+                        kind: AsyncEventType::CqErr,
+                        element: EventElement::Cq(id),
+                    });
+                }
+                self.responder_error(Some(AsyncEventType::QpFatal));
+            }
+        }
     }
 
     /// Where the pinned bytes are for this process: a mapping of the owner's memfd, or
@@ -303,26 +381,8 @@ impl Responder for RemoteQp {
     }
 
     /// Pushes a receive completion into the owner's CQ, signalling as the owner would.
-    fn push_recv(&self, mut cqe: Cqe) {
-        cqe.timestamp = self.clock.now_raw();
-        let cq = self.cq();
-        match push_ring(cq, &cqe) {
-            Pushed::Queued { notify } => {
-                if notify && let Some(ch) = &self.chan {
-                    ring_fd(ch.as_fd());
-                }
-            }
-            Pushed::Lost { first } => {
-                if first {
-                    let id = cq.user_words()[W_ID].load(Ordering::Acquire);
-                    self.post(AsyncEvent {
-                        kind: AsyncEventType::CqErr,
-                        element: EventElement::Cq(id),
-                    });
-                }
-                self.responder_error(Some(AsyncEventType::QpFatal));
-            }
-        }
+    fn push_recv(&self, cqe: Cqe) {
+        self.push_into(self.cq(), self.chan.as_ref(), cqe);
     }
 
     /// The responder side of an error: the owner's QP goes to ERR, its posted receives are

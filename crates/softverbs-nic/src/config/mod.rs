@@ -7,6 +7,11 @@
 //! SOFTVERBS_DEVICES="name=softverbs0,link=eth,mtu=4096,gid=::ffff:127.0.0.1;name=sv1,link=ib,lid=7"
 //! ```
 //!
+//! A networked device (RoCEv2 between hosts, see [`net`]) names its interface or address:
+//! `name=roce0,netdev=eth0` or `name=roce0,ip=10.0.0.1`, with optional seeded faults on its
+//! real path: `drop`, `dup`, `reorder`, `corrupt` (rates: `0.01` or `1%`), `delay_us`,
+//! `fault_seed`. Its GIDs and MTU come from the interface (`mtu=` may lower the MTU).
+//!
 //! Keys: `name`, `link` (`eth`|`ib`), `mtu` (256..4096), `gid` (IPv6 text), `lid`,
 //! `guid` (hex), `ts_bits` (completion timestamp width, 1..64), `ordering_check` (`0`/`1`:
 //! scramble placement into relaxed-ordering MRs, see [`DeviceConfig::ordering_check`]), and
@@ -14,8 +19,11 @@
 //! `max_qp_wr`, `max_sge`, `max_cq`, `max_cqe`, `max_mr`, `max_mr_size`, `max_pd`,
 //! `max_qp_rd_atom`, `max_srq`, `max_srq_wr`, `max_srq_sge`, `max_ah`, `max_inline_data`.
 
+pub mod net;
+
 use crate::error::{Error, Result};
 use crate::types::{Gid, LinkLayer, Mtu};
+pub use net::{Faults, NetConfig};
 
 /// The environment variable that configures the software devices of a process.
 pub const ENV_DEVICES: &str = "SOFTVERBS_DEVICES";
@@ -79,6 +87,11 @@ pub struct DeviceConfig {
     /// scrambled. Off by default.
     pub ordering_check: bool,
     pub limits: Limits,
+    /// The GID table: entry 0 is `gid` unless the device is networked, when it lists the
+    /// interface's addresses in RoCE order (and `gid` is the primary address's entry).
+    pub gid_table: Vec<Gid>,
+    /// Set for a networked device: RoCEv2 over UDP between hosts.
+    pub net: Option<NetConfig>,
 }
 
 impl Default for DeviceConfig {
@@ -98,6 +111,8 @@ impl Default for DeviceConfig {
             timestamp_bits: 48,
             ordering_check: false,
             limits: Limits::default(),
+            gid_table: Vec::new(),
+            net: None,
         }
     }
 }
@@ -133,6 +148,7 @@ impl DeviceConfig {
             if cfg.link_layer == LinkLayer::InfiniBand && cfg.lid == 0 {
                 cfg.lid = 1 + i as u16;
             }
+            cfg.resolve_net()?;
             cfg.validate()?;
             out.push(cfg);
         }
@@ -194,6 +210,24 @@ impl DeviceConfig {
                     _ => return Err(bad("expected 0 or 1")),
                 }
             }
+            "netdev" => self.net.get_or_insert_default().netdev = Some(value.into()),
+            "ip" => {
+                self.net.get_or_insert_default().ip =
+                    Some(value.parse().map_err(|_| bad("not an IP address"))?)
+            }
+            "drop" | "dup" | "reorder" | "corrupt" => {
+                let r =
+                    net::parse_rate(value).ok_or_else(|| bad("a rate in 0..=1 or 0%..=100%"))?;
+                let f = &mut self.net.get_or_insert_default().faults;
+                match key {
+                    "drop" => f.drop = r,
+                    "dup" => f.duplicate = r,
+                    "reorder" => f.reorder = r,
+                    _ => f.corrupt = r,
+                }
+            }
+            "delay_us" => self.net.get_or_insert_default().faults.delay_us = num(value)?,
+            "fault_seed" => self.net.get_or_insert_default().faults.seed = num(value)?,
             "max_qp" => l.max_qp = n32(value)?,
             "max_qp_wr" => l.max_qp_wr = n32(value)?,
             "max_sge" => l.max_sge = n32(value)?,
@@ -210,6 +244,51 @@ impl DeviceConfig {
             "max_inline_data" => l.max_inline_data = n32(value)?,
             _ => return Err(Error::Config(format!("unknown key `{key}`"))),
         }
+        Ok(())
+    }
+
+    /// The GID at `index` of the table.
+    pub fn gid_at(&self, index: u32) -> Option<Gid> {
+        if self.gid_table.is_empty() {
+            return (index == 0).then_some(self.gid);
+        }
+        self.gid_table.get(index as usize).copied()
+    }
+
+    /// Entries in the GID table.
+    pub fn gid_count(&self) -> u32 {
+        self.gid_table.len().max(1) as u32
+    }
+
+    /// A networked device takes its GIDs and MTU from its interface: done once the keys are
+    /// read (an `mtu=` key may only lower what the interface carries).
+    pub fn resolve_net(&mut self) -> Result<()> {
+        let Some(net) = &mut self.net else {
+            return Ok(());
+        };
+        if self.link_layer != LinkLayer::Ethernet {
+            return Err(Error::Config("a networked device is RoCE: link=eth".into()));
+        }
+        let ifc = net::Interface::find(net.netdev.as_deref(), net.ip)?;
+        let primary = net
+            .ip
+            .or_else(|| ifc.addrs.iter().copied().find(std::net::IpAddr::is_ipv4))
+            .or_else(|| ifc.addrs.last().copied())
+            .ok_or_else(|| Error::Config(format!("interface {} has no address", ifc.name)))?;
+        let mtu = ifc.roce_mtu().ok_or_else(|| {
+            Error::Config(format!(
+                "interface {} MTU {} is too small",
+                ifc.name, ifc.mtu
+            ))
+        })?;
+        if self.active_mtu.bytes() > mtu.bytes() || self.active_mtu == Mtu::Mtu4096 {
+            self.active_mtu = mtu;
+        }
+        self.gid = net::gid_of(primary);
+        self.gid_table = ifc.addrs.iter().map(|&a| net::gid_of(a)).collect();
+        net.ifindex = ifc.index;
+        net.netdev = Some(ifc.name);
+        net.ip = Some(primary);
         Ok(())
     }
 

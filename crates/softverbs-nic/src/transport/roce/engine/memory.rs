@@ -1,0 +1,239 @@
+//! The registered memory of every process the engine serves, as the RoCE transport core
+//! reaches it ([`softverbs_roce::transport::Memory`]).
+//!
+//! Each engine QP gets a tag that stands for its protection domain in the core; the tag leads
+//! to the QP's owner, mapped here ([`RemoteQp`]): its key table, and its memory (a mapping of
+//! its `memfd`, or cross-memory attach). Every access is checked against that key table for
+//! the owner's PD, the range and the right before a byte moves, exactly as the same-host
+//! responder checks it, so a packet with a guessed or stale key moves nothing.
+
+use crate::mr::access::{self, AtomicOp as NicAtomic, Span};
+use crate::mr::resolve::{pin_range, pin_sges};
+use crate::qp::responder::Responder;
+use crate::transport::same_host::RemoteQp;
+use crate::types::{AccessFlags, Sge as NicSge};
+use softverbs_roce::transport::{Access, AtomicOp, MemError, Memory, Sge};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The memory of the engine's QPs, by tag.
+#[derive(Default)]
+pub(crate) struct HostMemory {
+    pub(crate) by_tag: HashMap<u32, Arc<RemoteQp>>,
+}
+
+fn need(access: Access) -> AccessFlags {
+    match access {
+        Access::Write => AccessFlags::REMOTE_WRITE,
+        Access::Read => AccessFlags::REMOTE_READ,
+        Access::Atomic => AccessFlags::REMOTE_ATOMIC,
+    }
+}
+
+/// The part `[offset, offset + len)` of the message `spans` hold, as spans.
+fn window(spans: &[Span], offset: u64, len: usize) -> Option<Vec<Span>> {
+    let mut out = Vec::with_capacity(2);
+    let mut skip = offset as usize;
+    let mut left = len;
+    let pieces = spans.iter().flat_map(|s| {
+        (0..s.count.max(1)).map(move |i| Span::at(s.addr + i * s.stride, s.len, s.pid))
+    });
+    for p in pieces {
+        if left == 0 {
+            break;
+        }
+        if skip >= p.len {
+            skip -= p.len;
+            continue;
+        }
+        let n = (p.len - skip).min(left);
+        out.push(Span::at(p.addr + skip, n, p.pid));
+        left -= n;
+        skip = 0;
+    }
+    (left == 0).then_some(out)
+}
+
+fn nic_sges(sges: &[Sge]) -> Vec<NicSge> {
+    sges.iter()
+        .map(|s| NicSge {
+            addr: s.addr,
+            length: s.len,
+            lkey: s.lkey,
+        })
+        .collect()
+}
+
+impl HostMemory {
+    fn qp(&self, tag: u32) -> Result<&RemoteQp, MemError> {
+        self.by_tag
+            .get(&tag)
+            .map(|q| &**q)
+            .ok_or(MemError::UnknownKey)
+    }
+
+    /// Copies between `src` and `dst` spans.
+    fn copy(src: &[Span], dst: &[Span]) -> Result<(), MemError> {
+        // SAFETY: every span of registered memory was pinned by the caller (checked against
+        // its owner's key table with the right it needs) and the others are the caller's own
+        // buffers; mapped spans lie in this process, the others are reached by cross-memory
+        // attach, which fails cleanly when the owner is gone.
+        match unsafe { access::copy_ordered(src, dst) } {
+            Ok(_) => Ok(()),
+            Err(_) => Err(MemError::OutOfBounds),
+        }
+    }
+}
+
+impl Memory for HostMemory {
+    fn check(&self, pd: u32, rkey: u32, va: u64, len: u64, access: Access) -> Result<(), MemError> {
+        let q = self.qp(pd)?;
+        if access == Access::Atomic && va % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        pin_range(
+            q.keys(),
+            q.pd_id(),
+            rkey,
+            va,
+            len,
+            need(access),
+            |p, h, n| q.place(p, h, n),
+        )
+        .map(|_| ())
+        .ok_or(MemError::NoRights)
+    }
+
+    fn write(&mut self, pd: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let q = self.qp(pd)?;
+        let dst = pin_range(
+            q.keys(),
+            q.pd_id(),
+            rkey,
+            va,
+            data.len() as u64,
+            AccessFlags::REMOTE_WRITE,
+            |p, h, n| q.place(p, h, n),
+        )
+        .ok_or(MemError::NoRights)?;
+        Self::copy(&[Span::of(data)], dst.spans())
+    }
+
+    fn read(&self, pd: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let q = self.qp(pd)?;
+        let src = pin_range(
+            q.keys(),
+            q.pd_id(),
+            rkey,
+            va,
+            out.len() as u64,
+            AccessFlags::REMOTE_READ,
+            |p, h, n| q.place(p, h, n),
+        )
+        .ok_or(MemError::NoRights)?;
+        Self::copy(
+            src.spans(),
+            &[Span::local(out.as_mut_ptr() as usize, out.len())],
+        )
+    }
+
+    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+        let q = self.qp(pd)?;
+        if va % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        let cell = pin_range(
+            q.keys(),
+            q.pd_id(),
+            rkey,
+            va,
+            8,
+            AccessFlags::REMOTE_ATOMIC,
+            |p, h, n| q.place(p, h, n),
+        )
+        .ok_or(MemError::NoRights)?;
+        // Only a word mapped here can be updated atomically (a peer's plain memory, reached
+        // by cross-memory attach, cannot), and it must be one aligned piece.
+        let word = match cell.spans() {
+            [w] if w.pid == 0 && w.len == 8 && w.count == 1 && w.addr % 8 == 0 => *w,
+            _ => return Err(MemError::Misaligned),
+        };
+        let op = match op {
+            AtomicOp::CompareSwap { compare, swap } => NicAtomic::CmpSwap { compare, swap },
+            AtomicOp::FetchAdd { add } => NicAtomic::FetchAdd { add },
+        };
+        // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration, mapped here.
+        Ok(unsafe { access::atomic(word.addr, op) })
+    }
+
+    fn gather(&self, pd: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let q = self.qp(pd)?;
+        let spans = pin_sges(
+            q.keys(),
+            q.pd_id(),
+            &nic_sges(sges),
+            AccessFlags::empty(),
+            |p, h, n| q.place(p, h, n),
+        )
+        .map_err(|_| MemError::UnknownKey)?;
+        let src = window(&spans.spans, offset, out.len()).ok_or(MemError::OutOfBounds)?;
+        Self::copy(&src, &[Span::local(out.as_mut_ptr() as usize, out.len())])
+    }
+
+    fn scatter(&mut self, pd: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let q = self.qp(pd)?;
+        let spans = pin_sges(
+            q.keys(),
+            q.recv_pd(),
+            &nic_sges(sges),
+            AccessFlags::LOCAL_WRITE,
+            |p, h, n| q.place(p, h, n),
+        )
+        .map_err(|_| MemError::NoRights)?;
+        let dst = window(&spans.spans, offset, data.len()).ok_or(MemError::OutOfBounds)?;
+        Self::copy(&[Span::of(data)], &dst)
+    }
+
+    /// Memory windows are not implemented yet, so no R_Key can be invalidated remotely.
+    fn invalidate(&mut self, _pd: u32, _rkey: u32) -> Result<(), MemError> {
+        Err(MemError::UnknownKey)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_cuts_the_message_where_asked() {
+        let spans = [Span::local(100, 10), Span::local(200, 5)];
+        let w = window(&spans, 8, 4).unwrap();
+        assert_eq!(w, [Span::local(108, 2), Span::local(200, 2)]);
+        assert_eq!(window(&spans, 0, 15).unwrap().len(), 2);
+        assert!(window(&spans, 10, 6).is_none());
+        let strided = [Span {
+            addr: 0x1000,
+            len: 4,
+            pid: 0,
+            count: 3,
+            stride: 16,
+        }];
+        let w = window(&strided, 2, 6).unwrap();
+        assert_eq!(w, [Span::local(0x1002, 2), Span::local(0x1010, 4)]);
+    }
+}

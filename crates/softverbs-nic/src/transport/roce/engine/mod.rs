@@ -1,0 +1,1031 @@
+//! The host engine: the process that owns UDP port 4791 of a networked device's addresses and
+//! acts as the host's RoCE NIC for every process that uses the device.
+//!
+//! RoCEv2 packets reach a host on one port whatever process they are for, and a one-sided
+//! operation must land while its target only spins on its memory. So one engine per address
+//! (per network namespace: its Unix socket name is abstract, and abstract names are per
+//! namespace) serves every QP of the device on the host: it maps each QP's device memory
+//! (context, receive queue, CQs, key table; already in shared memory) as the same-host
+//! transport maps a peer's ([`RemoteQp`]), runs the RoCE transport core
+//! ([`softverbs_roce::endpoint::Endpoint`]) over it, takes send WQEs from each QP's send
+//! ring, places arriving data with every key checked ([`memory`]), answers ACKs and READs,
+//! and pushes completions into the owners' CQs.
+//!
+//! It is started by the first process that opens the device ([`start`]: a double fork, so it
+//! belongs to no one's process tree) and stops a moment after its last client leaves. A
+//! client's QPs go with its connection (a dead process's QPs are dropped, and their peers'
+//! requests go unanswered until they give up with `RETRY_EXC_ERR`); a client whose engine
+//! dies sees its connection close and errors out every QP it had on it. The engine spins
+//! while traffic flows and sleeps in `poll(2)` when it has been idle for a moment, with a
+//! doorbell that clients ring only while it sleeps.
+
+pub(crate) mod io;
+pub(crate) mod memory;
+
+use super::protocol::{
+    Chunk, Ctl, EngineState, NetWqe, Reply, WQE_FENCE, WQE_INLINE, WQE_SIGNALED, WQE_SOLICITED,
+    Welcome, engine_name,
+};
+use crate::config::DeviceConfig;
+use crate::config::net::ip_of;
+use crate::cq::Cqe;
+use crate::device_memory::doorbell::Doorbell;
+use crate::device_memory::ring::Ring;
+use crate::device_memory::segment::Segment;
+use crate::qp::responder::Responder;
+use crate::transport::same_host::RemoteQp;
+use crate::types::{AsyncEventType, Gid, WcFlags, WcOpcode as NicOp, WcStatus as NicStatus};
+use crate::types::{Sge as NicSge, WrOpcode};
+use io::{Capture, FaultInjector, HEADROOM, Socket};
+use memory::HostMemory;
+use rustix::event::{PollFd, PollFlags, poll};
+use rustix::fd::{AsRawFd, OwnedFd};
+use rustix::net::{
+    AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType, accept_with,
+    bind, listen, socket_with,
+};
+use softverbs_roce::Time;
+use softverbs_roce::endpoint::Endpoint;
+use softverbs_roce::transport::{
+    Completion, Event, QpAccess, QpConfig, QpCounters, QpError, QpType, RecvWr, SendOp, SendWr,
+    Sge, UdDest, WcOpcode, WcStatus,
+};
+use softverbs_roce::wire::{NakCode, Psn};
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, Instant};
+
+/// How long the engine keeps spinning after its last piece of work before it sleeps.
+const SPIN: Duration = Duration::from_micros(200);
+/// How long it lingers with no client before it exits (a program that reopens the device at
+/// once finds it still there).
+const LINGER: Duration = Duration::from_millis(500);
+/// WQEs taken from one send ring per turn, and datagrams read per socket per turn: enough to
+/// batch, few enough that one busy QP does not starve the others.
+const BATCH: usize = 64;
+
+struct Client {
+    sock: OwnedFd,
+    pid: u32,
+    qps: Vec<u32>,
+}
+
+/// A QP the engine serves.
+struct EngineQp {
+    remote: Arc<RemoteQp>,
+    sq: Ring,
+    owner: u32,
+    tag: u32,
+    sq_sig_all: bool,
+    /// Send WQEs handed to the core, oldest first: (number, wr_id, signaled).
+    wrs: VecDeque<(u32, u64, bool)>,
+    /// In the transport core (after RTR).
+    live: bool,
+    /// Set when the program moved it to ERR (no async event for that).
+    modified: bool,
+}
+
+/// Counters of what the engine dropped or injected besides what the endpoint counts.
+#[derive(Default)]
+struct Totals {
+    /// Counters of QPs no longer served.
+    gone: QpCounters,
+    send_failures: u64,
+    bad_wqes: u64,
+    bad_messages: u64,
+}
+
+struct Engine {
+    cfg: DeviceConfig,
+    ifindex: u32,
+    ep: Endpoint<HostMemory>,
+    socks: Vec<Socket>,
+    listener: OwnedFd,
+    clients: Vec<Client>,
+    qps: HashMap<u32, EngineQp>,
+    bell: Doorbell,
+    state: Segment,
+    faults: FaultInjector,
+    capture: Option<Capture>,
+    epoch: Instant,
+    next_tag: u32,
+    totals: Totals,
+    rx: Vec<u8>,
+    tx: Vec<u8>,
+    out: Vec<(IpAddr, Vec<u8>)>,
+    items: Vec<NicSge>,
+    started: Instant,
+}
+
+/// Starts an engine for device `cfg` unless one answers already; the caller then connects.
+pub(crate) fn start(cfg: &DeviceConfig, capture: Option<String>) -> crate::Result<()> {
+    let cfg = cfg.clone();
+    // SAFETY: fork has no preconditions; the child only runs the code below, which takes no
+    // lock another thread of the parent could hold (fresh objects only; glibc resets malloc's
+    // locks in the child), and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(crate::Error::Os {
+            what: "fork (starting the RoCE engine)",
+            errno: rustix::io::Errno::from_io_error(&std::io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::AGAIN),
+        }),
+        0 => {
+            // SAFETY: in the child: a new session, then a grandchild that no one waits for;
+            // the first child exits at once so the parent reaps it.
+            unsafe {
+                libc::setsid();
+                if libc::fork() != 0 {
+                    libc::_exit(0);
+                }
+            }
+            detach_from_parent();
+            let code = match Engine::new(cfg, capture) {
+                Ok(mut e) => {
+                    e.run();
+                    0
+                }
+                Err(_) => 1,
+            };
+            // SAFETY: ends the engine without running the parent's exit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        child => {
+            let mut status = 0;
+            // SAFETY: reaps the first child, which exits at once.
+            unsafe { libc::waitpid(child, &mut status, 0) };
+            Ok(())
+        }
+    }
+}
+
+/// The grandchild keeps nothing of the process that started it: no descriptor (a pipe the
+/// parent's parent waits on would never close), stdio on /dev/null, default signals.
+fn detach_from_parent() {
+    // SAFETY: plain system calls on descriptor numbers; nothing here is in use by Rust code
+    // of this (single-threaded) process.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+}
+
+fn listen_on(ip: IpAddr) -> crate::Result<OwnedFd> {
+    let sock = socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(crate::Error::os("socket"))?;
+    let addr = SocketAddrUnix::new_abstract_name(engine_name(ip).as_bytes())
+        .map_err(crate::Error::os("socket name"))?;
+    bind(&sock, &addr).map_err(crate::Error::os("bind (another engine runs)"))?;
+    listen(&sock, 64).map_err(crate::Error::os("listen"))?;
+    Ok(sock)
+}
+
+fn status_of(s: WcStatus) -> NicStatus {
+    match s {
+        WcStatus::Success => NicStatus::Success,
+        WcStatus::LocLenErr => NicStatus::LocLenErr,
+        WcStatus::LocQpOpErr => NicStatus::LocQpOpErr,
+        WcStatus::LocProtErr => NicStatus::LocProtErr,
+        WcStatus::WrFlushErr => NicStatus::WrFlushErr,
+        WcStatus::BadRespErr => NicStatus::BadRespErr,
+        WcStatus::LocAccessErr => NicStatus::LocAccessErr,
+        WcStatus::RemInvReqErr => NicStatus::RemInvReqErr,
+        WcStatus::RemAccessErr => NicStatus::RemAccessErr,
+        WcStatus::RemOpErr => NicStatus::RemOpErr,
+        WcStatus::RetryExcErr => NicStatus::RetryExcErr,
+        WcStatus::RnrRetryExcErr => NicStatus::RnrRetryExcErr,
+    }
+}
+
+fn opcode_of(o: WcOpcode) -> NicOp {
+    match o {
+        WcOpcode::Send => NicOp::Send,
+        WcOpcode::RdmaWrite => NicOp::RdmaWrite,
+        WcOpcode::RdmaRead => NicOp::RdmaRead,
+        WcOpcode::CompSwap => NicOp::CompSwap,
+        WcOpcode::FetchAdd => NicOp::FetchAdd,
+        WcOpcode::Recv => NicOp::Recv,
+        WcOpcode::RecvRdmaWithImm => NicOp::RecvRdmaWithImm,
+    }
+}
+
+/// Immediate data travels as the bytes the program gave (an opaque `__be32`); the core
+/// carries it as a number it writes big-endian.
+fn imm_to_wire(imm: u32) -> u32 {
+    u32::from_be_bytes(imm.to_ne_bytes())
+}
+
+fn imm_from_wire(imm: u32) -> u32 {
+    u32::from_ne_bytes(imm.to_be_bytes())
+}
+
+/// The send WQE `w` as the core takes it, or why not.
+fn send_wr(w: &NetWqe, items: &[NicSge]) -> Option<SendWr> {
+    let imm = |with: bool| with.then_some(imm_to_wire(w.imm));
+    let op = match WrOpcode::from_raw(u32::from(w.opcode))? {
+        WrOpcode::Send | WrOpcode::SendWithImm => SendOp::Send {
+            imm: imm(w.opcode == WrOpcode::SendWithImm as u8),
+            invalidate: None,
+        },
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => SendOp::Write {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            imm: imm(w.opcode == WrOpcode::RdmaWriteWithImm as u8),
+        },
+        WrOpcode::RdmaRead => SendOp::Read {
+            va: w.remote_addr,
+            rkey: w.rkey,
+        },
+        WrOpcode::AtomicCmpAndSwp => SendOp::CompareSwap {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            compare: w.compare_add,
+            swap: w.swap,
+        },
+        WrOpcode::AtomicFetchAndAdd => SendOp::FetchAdd {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            add: w.compare_add,
+        },
+        WrOpcode::BindMw => return None,
+    };
+    let mut wr = SendWr::new(u64::from(w.seq), op);
+    wr.signaled = true;
+    wr.solicited = w.flags & WQE_SOLICITED != 0;
+    wr.fence = w.flags & WQE_FENCE != 0;
+    if w.flags & WQE_INLINE != 0 {
+        let mut bytes = Vec::with_capacity(w.count as usize);
+        for s in items {
+            // An inline chunk was stored where an SGE goes: the same 16 bytes.
+            let mut c = [0u8; 16];
+            c[..8].copy_from_slice(&s.addr.to_ne_bytes());
+            c[8..12].copy_from_slice(&s.length.to_ne_bytes());
+            c[12..].copy_from_slice(&s.lkey.to_ne_bytes());
+            bytes.extend_from_slice(&c);
+        }
+        if bytes.len() < w.count as usize {
+            return None;
+        }
+        bytes.truncate(w.count as usize);
+        wr.inline = Some(bytes);
+    } else {
+        if items.len() != w.count as usize {
+            return None;
+        }
+        wr.sges = items
+            .iter()
+            .map(|s| Sge {
+                addr: s.addr,
+                len: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+    }
+    if w.ud_qpn != 0 || w.ud_qkey != 0 || w.ud_dst != [0; 16] {
+        wr.ud = Some(UdDest {
+            addr: ip_of(Gid(w.ud_dst)),
+            qpn: w.ud_qpn,
+            qkey: w.ud_qkey,
+        });
+    }
+    Some(wr)
+}
+
+impl Engine {
+    fn new(cfg: DeviceConfig, capture: Option<String>) -> crate::Result<Engine> {
+        let net = cfg
+            .net
+            .clone()
+            .ok_or_else(|| crate::Error::Config("not a networked device".into()))?;
+        let primary = ip_of(cfg.gid);
+        let listener = listen_on(primary)?;
+        let addrs: Vec<IpAddr> = cfg.gid_table.iter().map(|&g| ip_of(g)).collect();
+        let mut socks = Vec::new();
+        for &a in &addrs {
+            match Socket::bind(a, net.ifindex) {
+                Ok(s) => socks.push(s),
+                // The primary address must be served; others (say, an IPv6 address still in
+                // duplicate address detection) are skipped.
+                Err(e) if a == primary => {
+                    return Err(crate::Error::Os {
+                        what: "binding UDP port 4791",
+                        errno: rustix::io::Errno::from_io_error(&e)
+                            .unwrap_or(rustix::io::Errno::ADDRINUSE),
+                    });
+                }
+                Err(_) => {}
+            }
+        }
+        let mut ep = Endpoint::new(primary, HostMemory::default());
+        for s in &socks {
+            ep.add_addr(s.addr);
+        }
+        ep.use_kernel_headers(io::ROCE_PORT);
+        let state = Segment::create("softverbs-engine", std::mem::size_of::<EngineState>())?;
+        Ok(Engine {
+            ifindex: net.ifindex,
+            faults: FaultInjector::new(net.faults),
+            capture: capture.and_then(|p| Capture::create(&p).ok()),
+            cfg,
+            ep,
+            socks,
+            listener,
+            clients: Vec::new(),
+            qps: HashMap::new(),
+            bell: Doorbell::new()?,
+            state,
+            epoch: Instant::now(),
+            next_tag: 1,
+            totals: Totals::default(),
+            rx: vec![0; 65536 + HEADROOM],
+            tx: vec![0; 65536],
+            out: Vec::new(),
+            items: Vec::new(),
+            started: Instant::now(),
+        })
+    }
+
+    fn now(&self) -> Time {
+        Time(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn state(&self) -> &EngineState {
+        self.state.at(0)
+    }
+
+    fn run(&mut self) {
+        let mut last_work = Instant::now();
+        let mut alone_since = Some(Instant::now());
+        loop {
+            let mut busy = self.accept();
+            busy |= self.control();
+            busy |= self.receive();
+            busy |= self.take_wqes();
+            let now = self.now();
+            if self.ep.poll_timeout().is_some_and(|t| t <= now) {
+                self.ep.handle_timeout(now);
+            }
+            busy |= self.transmit();
+            busy |= self.deliver_events();
+            if busy {
+                last_work = Instant::now();
+            }
+            match (self.clients.is_empty(), alone_since) {
+                (true, None) => alone_since = Some(Instant::now()),
+                (true, Some(t)) if t.elapsed() >= LINGER => break,
+                (false, Some(_)) => alone_since = None,
+                _ => {}
+            }
+            if !busy && last_work.elapsed() >= SPIN {
+                self.sleep();
+                last_work = Instant::now() - SPIN / 2;
+            }
+        }
+        if let Some(c) = &mut self.capture {
+            c.flush();
+        }
+    }
+
+    /// Sleeps until a packet, a client message, a doorbell or the next deadline.
+    fn sleep(&mut self) {
+        let mut out = std::mem::take(&mut self.out);
+        self.faults.release_held(&mut out);
+        self.send_all(&mut out);
+        self.out = out;
+        self.state().sleeping.store(1, Ordering::Relaxed);
+        // The clients' side of this fence: push the WQE, fence, read `sleeping` (see
+        // `client::Link::post`): one of the two sees the other.
+        fence(Ordering::SeqCst);
+        if self.qps.values().any(|q| !q.sq.is_empty()) {
+            self.state().sleeping.store(0, Ordering::Relaxed);
+            return;
+        }
+        let now = self.now();
+        let deadline = [self.ep.poll_timeout(), self.faults.next_due()]
+            .into_iter()
+            .flatten()
+            .min();
+        let wait = deadline.map_or(Duration::from_secs(1), |t| t.since(now));
+        let wait = wait.min(Duration::from_secs(1));
+        let bell = self.bell.fd();
+        let mut fds = vec![
+            PollFd::new(&self.listener, PollFlags::IN),
+            PollFd::new(&bell, PollFlags::IN),
+        ];
+        fds.extend(
+            self.socks
+                .iter()
+                .map(|s| PollFd::new(&s.sock, PollFlags::IN)),
+        );
+        fds.extend(
+            self.clients
+                .iter()
+                .map(|c| PollFd::new(&c.sock, PollFlags::IN)),
+        );
+        let ts = rustix::time::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: i64::from(wait.subsec_nanos()),
+        };
+        let _ = poll(&mut fds, Some(&ts));
+        self.state().sleeping.store(0, Ordering::Relaxed);
+        self.bell.drain();
+    }
+
+    fn accept(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(sock) =
+            accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)
+        {
+            // The kernel's word for who connected: a client cannot claim another's QPs.
+            let pid = rustix::net::sockopt::socket_peercred(&sock)
+                .map_or(0, |c| c.pid.as_raw_nonzero().get() as u32);
+            self.clients.push(Client {
+                sock,
+                pid,
+                qps: Vec::new(),
+            });
+            any = true;
+        }
+        any
+    }
+
+    /// Reads every client's messages; drops the QPs of clients that left.
+    fn control(&mut self) -> bool {
+        let mut any = false;
+        let mut buf = [0u8; 4096];
+        let mut i = 0;
+        while i < self.clients.len() {
+            let mut gone = false;
+            loop {
+                match rustix::net::recv(&self.clients[i].sock, &mut buf[..], RecvFlags::DONTWAIT) {
+                    Ok((0, _)) => {
+                        gone = true;
+                        break;
+                    }
+                    Ok((n, _)) => {
+                        any = true;
+                        let n = n.min(buf.len());
+                        match Ctl::decode(&buf[..n]) {
+                            Some(m) => self.handle(i, m),
+                            None => self.totals.bad_messages += 1,
+                        }
+                    }
+                    Err(rustix::io::Errno::AGAIN) => break,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => {
+                        gone = true;
+                        break;
+                    }
+                }
+            }
+            if gone {
+                let c = self.clients.swap_remove(i);
+                for qpn in c.qps {
+                    self.close(qpn);
+                }
+                any = true;
+            } else {
+                i += 1;
+            }
+        }
+        any
+    }
+
+    fn reply(&self, client: usize, r: &Reply) {
+        let _ = rustix::net::send(&self.clients[client].sock, &r.encode(), SendFlags::DONTWAIT);
+    }
+
+    fn handle(&mut self, client: usize, m: Ctl) {
+        let owner = self.clients[client].pid;
+        let owns = |e: &Engine, qpn: u32| e.qps.get(&qpn).is_some_and(|q| q.owner == owner);
+        match m {
+            Ctl::Hello { .. } => {
+                let w = Welcome {
+                    pid: std::process::id(),
+                    bell_fd: self.bell.write_fd_num(),
+                    bell_ino: self.bell.write_ino(),
+                    state_fd: self.state.fd().as_raw_fd(),
+                    state_ino: self.state.inode(),
+                };
+                self.reply(client, &Reply::Welcome(w));
+            }
+            Ctl::Open { qpn } => {
+                if self.qps.contains_key(&qpn) {
+                    if !owns(self, qpn) {
+                        self.totals.bad_messages += 1;
+                    }
+                    return;
+                }
+                let clock = crate::clock::Clock::new(self.cfg.timestamp_bits);
+                let Some(remote) = RemoteQp::open(self.cfg.gid, qpn, clock) else {
+                    self.totals.bad_messages += 1;
+                    return;
+                };
+                // Only the QP's owner may hand it to the engine.
+                if remote.pid() != owner {
+                    self.totals.bad_messages += 1;
+                    return;
+                }
+                let Ok(sq) = remote.send_ring() else {
+                    self.totals.bad_messages += 1;
+                    return;
+                };
+                let tag = self.next_tag;
+                self.next_tag = self.next_tag.wrapping_add(1).max(1);
+                self.ep.mem.by_tag.insert(tag, remote.clone());
+                self.qps.insert(
+                    qpn,
+                    EngineQp {
+                        remote,
+                        sq,
+                        owner,
+                        tag,
+                        sq_sig_all: false,
+                        wrs: VecDeque::new(),
+                        live: false,
+                        modified: false,
+                    },
+                );
+                self.clients[client].qps.push(qpn);
+            }
+            Ctl::Rtr { qpn, rtr } if owns(self, qpn) => {
+                let Some(q) = self.qps.get_mut(&qpn) else {
+                    return;
+                };
+                let qp_type = match rtr.qp_type {
+                    2 => QpType::Rc,
+                    3 => QpType::Uc,
+                    4 => QpType::Ud,
+                    _ => {
+                        self.totals.bad_messages += 1;
+                        return;
+                    }
+                };
+                q.sq_sig_all = rtr.sq_sig_all;
+                let cfg = QpConfig {
+                    qp_type,
+                    qpn,
+                    pd: q.tag,
+                    peer: (qp_type != QpType::Ud).then_some((rtr.peer, rtr.dest_qpn)),
+                    sq_psn: Psn::new(0),
+                    rq_psn: Psn::new(rtr.rq_psn),
+                    pmtu: rtr.pmtu,
+                    timeout: 14,
+                    retry_cnt: 7,
+                    rnr_retry: 7,
+                    min_rnr_timer: rtr.min_rnr_timer,
+                    max_rd_atomic: 1,
+                    max_dest_rd_atomic: rtr.max_dest_rd_atomic.max(1),
+                    pkey: rtr.pkey,
+                    qkey: rtr.qkey,
+                    access: QpAccess::from_bits_truncate(rtr.access),
+                    window: 128,
+                };
+                if q.live {
+                    self.ep.remove_qp(qpn);
+                }
+                q.live = self.ep.add_qp(cfg).is_ok();
+            }
+            Ctl::Rts { qpn, rts } if owns(self, qpn) => {
+                if let Some(qp) = self.ep.qp_mut(qpn) {
+                    qp.ready_to_send(
+                        Psn::new(rts.sq_psn),
+                        rts.timeout,
+                        rts.retry_cnt,
+                        rts.rnr_retry,
+                        rts.max_rd_atomic.max(1),
+                    );
+                }
+            }
+            Ctl::Error { qpn } if owns(self, qpn) => {
+                if let Some(q) = self.qps.get_mut(&qpn) {
+                    q.modified = true;
+                }
+                self.ep.with_qp(qpn, |q| q.set_error());
+            }
+            Ctl::Close { qpn } if owns(self, qpn) => {
+                self.close(qpn);
+                self.clients[client].qps.retain(|&q| q != qpn);
+            }
+            Ctl::Status => {
+                let text = self.report();
+                self.reply(client, &Reply::Text(text));
+            }
+            Ctl::Capture { path } => {
+                if let Some(c) = &mut self.capture {
+                    c.flush();
+                }
+                self.capture = if path.is_empty() {
+                    None
+                } else {
+                    Capture::create(&path).ok()
+                };
+                let said = match &self.capture {
+                    Some(c) => format!("capturing to {}", c.path),
+                    None if path.is_empty() => "capture stopped".into(),
+                    None => format!("cannot write {path}"),
+                };
+                self.reply(client, &Reply::Text(said));
+            }
+            _ => self.totals.bad_messages += 1,
+        }
+    }
+
+    fn close(&mut self, qpn: u32) {
+        if let Some(q) = self.qps.remove(&qpn) {
+            self.ep.mem.by_tag.remove(&q.tag);
+            if q.live {
+                if let Some(qp) = self.ep.qp(qpn) {
+                    add_counters(&mut self.totals.gone, qp.counters());
+                }
+                self.ep.remove_qp(qpn);
+            }
+        }
+    }
+
+    /// Reads what arrived; a request that needs a receive gets one from its QP's queue first.
+    fn receive(&mut self) -> bool {
+        let mut any = false;
+        for s in 0..self.socks.len() {
+            for _ in 0..BATCH {
+                let Some((start, end)) = self.socks[s].recv(&mut self.rx) else {
+                    break;
+                };
+                any = true;
+                let d = &self.rx[start..end];
+                if let Some(c) = &mut self.capture {
+                    c.record(d);
+                }
+                // BTH destination QP: bytes 5..8 of the BTH, after the IP and UDP headers.
+                let bth = HEADROOM + 5;
+                if end >= bth + 3 {
+                    let qpn =
+                        u32::from_be_bytes([0, self.rx[bth], self.rx[bth + 1], self.rx[bth + 2]]);
+                    self.lend_receive(qpn);
+                }
+                let now = self.now();
+                self.ep.handle_datagram(now, &self.rx[start..end]);
+            }
+        }
+        any
+    }
+
+    /// Gives the core one receive WQE of QP `qpn` if it has none: taken from the owner's
+    /// queue (or SRQ) only when a message may need it, so an SRQ's WQEs stay shared.
+    fn lend_receive(&mut self, qpn: u32) {
+        let Some(q) = self.qps.get(&qpn) else { return };
+        if !q.live || self.ep.qp(qpn).is_none_or(|c| c.posted_recvs() > 0) {
+            return;
+        }
+        if let Some(w) = q.remote.take_recv() {
+            let wr = RecvWr {
+                wr_id: w.wr_id,
+                sges: w
+                    .sges
+                    .iter()
+                    .map(|s| Sge {
+                        addr: s.addr,
+                        len: s.length,
+                        lkey: s.lkey,
+                    })
+                    .collect(),
+            };
+            self.ep.with_qp(qpn, |c| c.post_recv(wr));
+        }
+    }
+
+    /// Moves posted send WQEs from the send rings into the core.
+    fn take_wqes(&mut self) -> bool {
+        let mut any = false;
+        let now = self.now();
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for qpn in qpns {
+            for _ in 0..BATCH {
+                let Some(q) = self.qps.get_mut(&qpn) else {
+                    break;
+                };
+                self.items.clear();
+                let Some(w) = q.sq.pop_slice::<NetWqe, NicSge>(&mut self.items, |h| {
+                    if h.flags & WQE_INLINE != 0 {
+                        (h.count as usize).div_ceil(std::mem::size_of::<Chunk>())
+                    } else {
+                        h.count as usize
+                    }
+                }) else {
+                    break;
+                };
+                any = true;
+                let signaled = q.sq_sig_all || w.flags & WQE_SIGNALED != 0;
+                q.wrs.push_back((w.seq, w.wr_id, signaled));
+                let posted = match (q.live, send_wr(&w, &self.items)) {
+                    (true, Some(wr)) => self
+                        .ep
+                        .with_qp(qpn, |c| c.post_send(now, wr))
+                        .is_some_and(|r| r.is_ok()),
+                    _ => false,
+                };
+                if !posted {
+                    self.totals.bad_wqes += 1;
+                    self.complete_send(qpn, w.seq, NicStatus::LocQpOpErr, NicOp::Send, 0);
+                }
+            }
+        }
+        any
+    }
+
+    fn transmit(&mut self) -> bool {
+        let mut any = false;
+        let mut out = std::mem::take(&mut self.out);
+        let now = self.now();
+        self.faults.due(now, &mut out);
+        for _ in 0..BATCH * 4 {
+            let Some((dst, n)) = self.ep.poll_transmit(now, &mut self.tx) else {
+                break;
+            };
+            any = true;
+            if self.faults.active() {
+                self.faults.apply(now, dst, &self.tx[..n], &mut out);
+            } else {
+                out.push((dst, self.tx[..n].to_vec()));
+            }
+            if out.len() >= BATCH {
+                self.send_all(&mut out);
+            }
+        }
+        self.send_all(&mut out);
+        self.out = out;
+        any
+    }
+
+    fn send_all(&mut self, out: &mut Vec<(IpAddr, Vec<u8>)>) {
+        for (dst, d) in out.drain(..) {
+            if let Some(c) = &mut self.capture {
+                c.record(&d);
+            }
+            let sock = self
+                .socks
+                .iter()
+                .find(|s| s.addr.is_ipv4() == dst.is_ipv4())
+                .or(self.socks.first());
+            if !sock.is_some_and(|s| s.send(dst, self.ifindex, &d)) {
+                self.totals.send_failures += 1;
+            }
+        }
+    }
+
+    fn deliver_events(&mut self) -> bool {
+        let mut any = false;
+        while let Some((qpn, ev)) = self.ep.poll_event() {
+            any = true;
+            match ev {
+                Event::Completion(c) if c.is_recv => self.complete_recv(qpn, &c),
+                Event::Completion(c) => self.complete_send(
+                    qpn,
+                    c.wr_id as u32,
+                    status_of(c.status),
+                    opcode_of(c.opcode),
+                    c.byte_len,
+                ),
+                Event::Error(why) => self.qp_failed(qpn, why),
+            }
+        }
+        any
+    }
+
+    fn complete_send(&mut self, qpn: u32, seq: u32, status: NicStatus, op: NicOp, len: u32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let Some(at) = q.wrs.iter().position(|w| w.0 == seq) else {
+            return;
+        };
+        let Some((_, wr_id, signaled)) = q.wrs.remove(at) else {
+            return;
+        };
+        if signaled || status != NicStatus::Success {
+            q.remote.push_send(Cqe {
+                wr_id,
+                status: status as u8,
+                opcode: op as u8,
+                byte_len: len,
+                qp_num: qpn,
+                wqe_seq: seq,
+                ..Cqe::default()
+            });
+        }
+        let done = q.wrs.front().map_or(seq.wrapping_add(1), |w| w.0);
+        q.remote.set_sq_done(done);
+    }
+
+    fn complete_recv(&mut self, qpn: u32, c: &Completion) {
+        let Some(q) = self.qps.get(&qpn) else { return };
+        let mut flags = WcFlags::empty();
+        if c.imm.is_some() {
+            flags |= WcFlags::WITH_IMM;
+        }
+        if c.grh {
+            flags |= WcFlags::GRH;
+        }
+        q.remote.push_recv(Cqe {
+            wr_id: c.wr_id,
+            status: status_of(c.status) as u8,
+            opcode: opcode_of(c.opcode) as u8,
+            byte_len: c.byte_len,
+            imm_data: c.imm.map_or(0, imm_from_wire),
+            qp_num: qpn,
+            src_qp: c.src_qp,
+            wc_flags: flags.bits() as u8,
+            solicited: u8::from(c.solicited),
+            ..Cqe::default()
+        });
+        // The message used the receive it was lent; lend the next before the next message.
+        self.lend_receive(qpn);
+    }
+
+    fn qp_failed(&mut self, qpn: u32, why: QpError) {
+        let Some(q) = self.qps.get(&qpn) else { return };
+        let event = match why {
+            QpError::Responder(NakCode::RemoteAccessError) => Some(AsyncEventType::QpAccessErr),
+            QpError::Responder(NakCode::InvalidRequest) => Some(AsyncEventType::QpReqErr),
+            QpError::Responder(_) => Some(AsyncEventType::QpFatal),
+            QpError::Modified | QpError::Requester(_) | QpError::Receive(_) => None,
+        };
+        if !q.modified {
+            q.remote.responder_error(event);
+        }
+    }
+
+    /// What `softverbs nic` prints: the engine, its counters, its clients and QPs.
+    fn report(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let c = self.ep.counters();
+        let mut qc = self.totals.gone;
+        for qp in self.ep.qps() {
+            add_counters(&mut qc, qp.counters());
+        }
+        let f = &self.faults.counts;
+        let addrs: Vec<String> = self.socks.iter().map(|s| s.addr.to_string()).collect();
+        let _ = writeln!(
+            s,
+            "engine: pid {}, device {}, up {:.1} s, UDP 4791 on {}",
+            std::process::id(),
+            self.cfg.name,
+            self.started.elapsed().as_secs_f64(),
+            addrs.join(", ")
+        );
+        let _ = writeln!(
+            s,
+            "state: {}, {} clients, {} QPs, capture {}",
+            if self.state().sleeping.load(Ordering::Relaxed) != 0 {
+                "sleeping"
+            } else {
+                "polling"
+            },
+            self.clients.len(),
+            self.qps.len(),
+            self.capture.as_ref().map_or("off", |c| c.path.as_str())
+        );
+        let rows: [(&str, u64); 29] = [
+            ("sent_pkts", c.datagrams_sent),
+            ("rcvd_pkts", c.datagrams_received),
+            ("sent_bytes", c.bytes_sent),
+            ("rcvd_bytes", c.bytes_received),
+            ("retransmitted_pkts", qc.retransmitted),
+            ("ack_timeouts", qc.timeouts),
+            ("seq_naks_sent", qc.seq_naks_sent),
+            ("seq_naks_rcvd", qc.seq_naks_received),
+            ("rnr_naks_sent", qc.rnr_naks_sent),
+            ("rnr_naks_rcvd", qc.rnr_naks_received),
+            ("error_naks_sent", qc.error_naks_sent),
+            ("error_naks_rcvd", qc.error_naks_received),
+            ("duplicate_requests", qc.duplicates),
+            ("out_of_sequence", qc.out_of_sequence),
+            ("icrc_errors", c.icrc_errors),
+            ("dropped_malformed", c.malformed),
+            ("dropped_not_ours", c.not_ours),
+            ("dropped_unknown_qp", c.unknown_qp),
+            ("dropped_by_qp", qc.dropped),
+            ("dropped_send_failed", self.totals.send_failures),
+            ("bad_wqes", self.totals.bad_wqes),
+            ("bad_control_msgs", self.totals.bad_messages),
+            ("qp_pkts_sent", qc.packets_sent),
+            ("qp_pkts_rcvd", qc.packets_received),
+            ("fault_dropped", f.dropped),
+            ("fault_duplicated", f.duplicated),
+            ("fault_reordered", f.reordered),
+            ("fault_corrupted", f.corrupted),
+            ("fault_delayed", f.delayed),
+        ];
+        s.push_str("counters:\n");
+        for (k, v) in rows {
+            let _ = writeln!(s, "  {k}: {v}");
+        }
+        s.push_str("clients:\n");
+        for cl in &self.clients {
+            let _ = writeln!(s, "  pid {}: {} QPs", cl.pid, cl.qps.len());
+        }
+        s.push_str("qps:\n");
+        let mut qpns: Vec<&u32> = self.qps.keys().collect();
+        qpns.sort();
+        for qpn in qpns {
+            let q = &self.qps[qpn];
+            let line = match self.ep.qp(*qpn) {
+                Some(c) => {
+                    let (una, next) = c.unacked_psns();
+                    let k = c.counters();
+                    format!(
+                        "  {qpn:#08x} pid {} {:?} {:?} peer {} rq_psn {:#08x} sq_una {:#08x} sq_next {:#08x} in_flight {} pkts {}/{} retrans {} dropped {}",
+                        q.owner,
+                        c.config().qp_type,
+                        c.state(),
+                        c.config()
+                            .peer
+                            .map_or("-".into(), |(a, n)| format!("{a}/{n:#x}")),
+                        c.expected_psn().value(),
+                        una.value(),
+                        next.value(),
+                        q.wrs.len(),
+                        k.packets_sent,
+                        k.packets_received,
+                        k.retransmitted,
+                        k.dropped
+                    )
+                }
+                None => format!("  {qpn:#08x} pid {} (not connected yet)", q.owner),
+            };
+            let _ = writeln!(s, "{line}");
+        }
+        s
+    }
+}
+
+fn add_counters(sum: &mut QpCounters, c: &QpCounters) {
+    sum.packets_sent += c.packets_sent;
+    sum.packets_received += c.packets_received;
+    sum.retransmitted += c.retransmitted;
+    sum.timeouts += c.timeouts;
+    sum.seq_naks_sent += c.seq_naks_sent;
+    sum.seq_naks_received += c.seq_naks_received;
+    sum.rnr_naks_sent += c.rnr_naks_sent;
+    sum.rnr_naks_received += c.rnr_naks_received;
+    sum.error_naks_sent += c.error_naks_sent;
+    sum.error_naks_received += c.error_naks_received;
+    sum.duplicates += c.duplicates;
+    sum.out_of_sequence += c.out_of_sequence;
+    sum.dropped += c.dropped;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn immediate_data_keeps_its_bytes_on_the_wire() {
+        let imm = u32::from_ne_bytes([1, 2, 3, 4]);
+        assert_eq!(imm_to_wire(imm).to_be_bytes(), [1, 2, 3, 4]);
+        assert_eq!(imm_from_wire(imm_to_wire(imm)), imm);
+    }
+
+    #[test]
+    fn malformed_wqes_are_refused() {
+        let mut w = NetWqe {
+            opcode: 99,
+            ..NetWqe::default()
+        };
+        assert!(send_wr(&w, &[]).is_none());
+        w.opcode = WrOpcode::Send as u8;
+        w.count = 2;
+        assert!(
+            send_wr(&w, &[NicSge::default()]).is_none(),
+            "SGE count lies"
+        );
+        w.flags = WQE_INLINE;
+        w.count = 40;
+        assert!(
+            send_wr(&w, &[NicSge::default()]).is_none(),
+            "inline too short"
+        );
+        w.count = 10;
+        let wr = send_wr(&w, &[NicSge::default()]).unwrap();
+        assert_eq!(wr.inline.map(|b| b.len()), Some(10));
+    }
+}
