@@ -5,4 +5,5 @@
 //! A library target and not copies in each test: the binary's `perf --net` and the tests
 //! must make namespaces the same way, and clean them up the same way.
 
+pub mod capture;
 pub mod netns;
