@@ -45,11 +45,12 @@ fi
 # --- System packages: real clients and independent oracles ---------------------------------
 # ibverbs-utils (ibv_devices, ibv_devinfo, ibv_*_pingpong) and perftest (ib_write_lat, ...),
 # run over the drop-in libibverbs.so.1; libibverbs-dev (verbs.h, for the struct-layout test);
-# python3-scapy (its RoCE layer computes the ICRC independently of ours). Installed from
+# python3-scapy (its RoCE layer computes the ICRC independently of ours); tshark (Wireshark's
+# RoCEv2 dissector reads the captures); iputils-ping (the network-namespace tests). Installed from
 # Debian when running as root; without them those tests are skipped, except under CI=true,
 # where this stops here.
-packages=(ibverbs-utils perftest libibverbs-dev python3-scapy)
-rdma_tools=(ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_lat)
+packages=(ibverbs-utils perftest libibverbs-dev python3-scapy tshark iputils-ping)
+rdma_tools=(ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_lat tshark ping)
 packages_missing() {
     local t
     for t in "${rdma_tools[@]}"; do
@@ -60,6 +61,7 @@ packages_missing() {
 }
 if packages_missing && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
     run apt-get update -q || true
+    # (tshark asks whether non-root users may capture; noninteractive answers no.)
     run env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
         "${packages[@]}" || true
 fi

@@ -8,6 +8,7 @@ mod inspect;
 mod oob;
 mod perf;
 mod perf_cq;
+mod perf_net;
 mod perf_noncontig;
 mod pingpong;
 mod report;
@@ -46,6 +47,9 @@ enum Command {
     /// The second process of `perf` (started by it).
     #[command(name = "perf-peer", hide = true)]
     PerfPeer(perf::PeerArgs),
+    /// An end of `perf --net` (started by it, in a network namespace).
+    #[command(name = "perf-net-peer", hide = true)]
+    PerfNetPeer(perf_net::NetPeerArgs),
     /// Run an unmodified libibverbs program (`softverbs run -- ibv_devinfo -v`) over the
     /// softverbs drop-in `libibverbs.so.1`; exits with the program's status.
     Run(run::Args),
@@ -93,6 +97,7 @@ fn dispatch(command: &Command) -> Result<()> {
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
         Command::PerfPeer(args) => perf::run_peer(args),
+        Command::PerfNetPeer(args) => perf_net::run_peer(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Run(_) => Err("`run` is handled before dispatch".into()),
     }

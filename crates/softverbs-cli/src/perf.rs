@@ -23,8 +23,9 @@ use crate::oob::{OobLink, PeerError, PeerFailed, TcpLink, watch_for_failure};
 use crate::report::{count_arg, print_report};
 use serde::{Deserialize, Serialize};
 use softverbs::{
-    AccessFlags, CompletionQueue, Context, Device, Endpoint, MemoryRegion, ProtectionDomain, QpCap,
-    QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, WorkCompletion,
+    AccessFlags, AhAttr, CompletionQueue, Context, Device, Endpoint, Gid, GlobalRoute,
+    MemoryRegion, PortAttr, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
+    QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, WorkCompletion,
 };
 use std::hash::BuildHasher;
 use std::io::Read;
@@ -35,19 +36,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Message size of the latency tests.
-const LAT_SIZE: usize = 64;
+pub(crate) const LAT_SIZE: usize = 64;
 /// Message sizes of the bandwidth tests.
-const BW_SIZES: [usize; 2] = [64 << 10, 1 << 20];
+pub(crate) const BW_SIZES: [usize; 2] = [64 << 10, 1 << 20];
 /// Round trips of each latency test, normally and with `--quick`.
 const DEFAULT_ITERS: u64 = 10_000;
 const QUICK_ITERS: u64 = 1_000;
 /// Bytes each bandwidth figure (and its memcpy baseline) moves, normally and with `--quick`.
-const BW_TOTAL: u64 = 1 << 30;
-const QUICK_BW_TOTAL: u64 = 64 << 20;
+pub(crate) const BW_TOTAL: u64 = 1 << 30;
+pub(crate) const QUICK_BW_TOTAL: u64 = 64 << 20;
 /// Runs of the memcpy baseline (the best counts).
 const MEMCPY_TRIALS: u64 = 5;
 /// A bandwidth test stops early (and reports what it moved) after this long.
-const BW_TIME_CAP: Duration = Duration::from_secs(10);
+pub(crate) const BW_TIME_CAP: Duration = Duration::from_secs(10);
 /// The cache-line ping-pong runs this many times the round trips of the RDMA tests...
 const CACHELINE_FACTOR: u64 = 100;
 /// ... timed in batches of this many (reading the clock every round would double the figure).
@@ -63,11 +64,11 @@ const RX_DEPTH: usize = 16;
 /// Send queue depth of the latency tests (at most 2 × SIGNAL_EVERY are ever outstanding).
 const LAT_SQ_DEPTH: u32 = 128;
 /// How long a spin may wait for the peer's next message or completion.
-const SPIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const SPIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for a message on the link (the peer starts, or finishes a step).
-const LINK_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const LINK_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long the peer process may take to start and connect.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// The watchdog ends the run when this process makes no progress for this long.
 const STALL_LIMIT: Duration = Duration::from_secs(25);
 /// Spins of a wait before it starts to yield the CPU (and to check its limits); with a single
@@ -77,7 +78,7 @@ const PURE_SPINS_ONE_CPU: u32 = 4;
 /// After that, checks of the time limit happen every this many spins.
 const CHECK_EVERY: u32 = 256;
 /// How often the link is looked at for a failed peer.
-const WATCH_EVERY: Duration = Duration::from_millis(20);
+pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(20);
 /// Direction tags in latency payloads.
 const PING: u8 = 0x50;
 const PONG: u8 = 0x51;
@@ -88,18 +89,32 @@ pub struct Args {
     command: Option<PerfCommand>,
     /// Print one JSON object instead of text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Round trips of each latency test [default: 10000; with --quick 1000]; the cache-line
     /// baseline runs 100 times as many.
     #[arg(short = 'n', long, value_name = "N")]
-    iters: Option<u64>,
+    pub(crate) iters: Option<u64>,
     /// Small counts, for smoke checks (a few seconds): 1000 round trips, and 64 MiB instead
     /// of 1 GiB per bandwidth figure.
     #[arg(long)]
-    quick: bool,
-    /// Device to use (default: the first device).
+    pub(crate) quick: bool,
+    /// Device to use (default: the first device; with --net, `roce0`).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEVICE")]
-    device: Option<String>,
+    pub(crate) device: Option<String>,
+    /// RoCE between two hosts: two network namespaces joined by a veth pair (made by this
+    /// command, which needs root), one end in each, beside raw UDP baselines on that path.
+    #[arg(long)]
+    pub(crate) net: bool,
+    /// With --net: the MTU of the veth pair [default: 1500; at most 9000].
+    #[arg(long, requires = "net", value_name = "BYTES")]
+    pub(crate) mtu: Option<u32>,
+    /// With --net: both ends in this namespace over 127.0.0.1 (to check the logic on any
+    /// device, e.g. -d softverbs0, without root).
+    #[arg(long, requires = "net", hide = true)]
+    pub(crate) same_host: bool,
+    /// With --net: the UDP baselines only.
+    #[arg(long, requires = "net", hide = true)]
+    pub(crate) baselines_only: bool,
 }
 
 /// Measurements other than the two-process RDMA figures.
@@ -134,28 +149,33 @@ pub struct PeerArgs {
 
 /// What to run: the same numbers on both ends.
 #[derive(Debug, Clone, Copy)]
-struct Plan {
+pub(crate) struct Plan {
     /// Measured round trips of each latency test.
-    iters: u64,
+    pub(crate) iters: u64,
     /// Round trips run first and not measured.
-    warmup: u64,
+    pub(crate) warmup: u64,
     /// Bytes per bandwidth figure.
-    bw_total: u64,
+    pub(crate) bw_total: u64,
 }
 
 impl Plan {
     fn new(args: &Args) -> Result<Plan> {
+        Plan::from_counts(args.iters, args.quick)
+    }
+
+    /// The plan for `--iters` `iters` and `--quick` `quick`.
+    pub(crate) fn from_counts(iters: Option<u64>, quick: bool) -> Result<Plan> {
         let iters = count_arg(
             "--iters",
-            args.iters,
-            args.quick,
+            iters,
+            quick,
             (DEFAULT_ITERS, QUICK_ITERS),
             u64::MAX / (2 * CACHELINE_FACTOR),
         )?;
         Ok(Plan {
             iters,
             warmup: (iters / 10).clamp(1, 10_000),
-            bw_total: if args.quick { QUICK_BW_TOTAL } else { BW_TOTAL },
+            bw_total: if quick { QUICK_BW_TOTAL } else { BW_TOTAL },
         })
     }
 }
@@ -165,7 +185,7 @@ impl Plan {
 
 /// A QP's address plus the buffer peers may write into.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct WireEp {
+pub(crate) struct WireEp {
     qpn: u32,
     psn: u32,
     lid: u16,
@@ -190,7 +210,7 @@ impl WireEp {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Test {
+pub(crate) enum Test {
     WriteLat,
     SendLat,
     WriteBw,
@@ -198,7 +218,7 @@ enum Test {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
-enum Msg {
+pub(crate) enum Msg {
     /// The first message each way.
     Hello { pid: u32 },
     /// A → B: play the cache-line ping-pong for `rounds` round trips, from value `base`.
@@ -221,15 +241,29 @@ enum Msg {
     Done,
     /// A → B: exit.
     Quit,
+    /// A → B (`perf --net`): bind a UDP socket and echo `rounds` datagrams.
+    UdpPing { rounds: u64 },
+    /// A → B (`perf --net`): bind a UDP socket and count what arrives until `udp_end`.
+    UdpSink,
+    /// B → A: the UDP socket is bound to this port and waits.
+    UdpReady { port: u16 },
+    /// A → B: the stream is over; `sent` bytes were sent.
+    UdpEnd { sent: u64 },
+    /// B → A: what arrived: bytes, datagrams, and the time from the first to the last.
+    UdpCounted {
+        bytes: u64,
+        datagrams: u64,
+        nanos: u64,
+    },
     /// Either way: "I stop because of this".
     Error { error: String },
 }
 
-fn send(link: &mut TcpLink, msg: &Msg) -> Result<()> {
+pub(crate) fn send(link: &mut TcpLink, msg: &Msg) -> Result<()> {
     link.send(serde_json::to_string(msg)?)
 }
 
-fn recv(link: &mut TcpLink) -> Result<Msg> {
+pub(crate) fn recv(link: &mut TcpLink) -> Result<Msg> {
     let text = link.recv()?;
     match serde_json::from_str(&text) {
         Ok(Msg::Error { error }) => Err(PeerError(error).into()),
@@ -239,7 +273,11 @@ fn recv(link: &mut TcpLink) -> Result<Msg> {
 }
 
 /// Receives the message `want` names, or fails.
-fn expect(link: &mut TcpLink, want: &str, pick: impl FnOnce(Msg) -> Option<Msg>) -> Result<Msg> {
+pub(crate) fn expect(
+    link: &mut TcpLink,
+    want: &str,
+    pick: impl FnOnce(Msg) -> Option<Msg>,
+) -> Result<Msg> {
     let got = recv(link)?;
     let shown = format!("{got:?}");
     pick(got).ok_or_else(|| format!("expected `{want}` from the peer process, got {shown}").into())
@@ -250,14 +288,14 @@ fn expect(link: &mut TcpLink, want: &str, pick: impl FnOnce(Msg) -> Option<Msg>)
 
 /// What every wait checks: the peer's failure (set by the link watcher) and, through the
 /// heartbeat, the watchdog.
-struct Guard {
-    abort: AtomicBool,
+pub(crate) struct Guard {
+    pub(crate) abort: AtomicBool,
     beats: AtomicU64,
     pure_spins: u32,
 }
 
 impl Guard {
-    fn new() -> Guard {
+    pub(crate) fn new() -> Guard {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Guard {
             abort: AtomicBool::new(false),
@@ -270,7 +308,7 @@ impl Guard {
         }
     }
 
-    fn beat(&self) {
+    pub(crate) fn beat(&self) {
         self.beats.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -279,7 +317,7 @@ impl Guard {
     /// every few hundred calls (for costlier checks, such as polling for error completions),
     /// and after SPIN_TIMEOUT, or when the peer has failed, the wait is an error.
     #[inline]
-    fn spin<T>(
+    pub(crate) fn spin<T>(
         &self,
         what: &dyn Fn() -> String,
         mut attempt: impl FnMut(bool) -> Result<Option<T>>,
@@ -321,13 +359,14 @@ impl Guard {
 /// Ends the run if this process makes no progress (heartbeats) for STALL_LIMIT: kills the
 /// peer process and exits with status 1. It guards against a call that never returns, which
 /// no time limit of ours could interrupt.
-struct Watchdog {
+pub(crate) struct Watchdog {
     stop: Arc<AtomicBool>,
     phase: Arc<std::sync::Mutex<String>>,
 }
 
 impl Watchdog {
-    fn start(guard: Arc<Guard>, peer_pid: u32) -> Watchdog {
+    /// Starts watching; `peer_pid` (if not 0) is killed when the run is stopped.
+    pub(crate) fn start(guard: Arc<Guard>, peer_pid: u32) -> Watchdog {
         let stop = Arc::new(AtomicBool::new(false));
         let phase = Arc::new(std::sync::Mutex::new(String::from("starting")));
         let (stop2, phase2) = (stop.clone(), phase.clone());
@@ -360,11 +399,11 @@ impl Watchdog {
         Watchdog { stop, phase }
     }
 
-    fn current_phase(&self) -> String {
+    pub(crate) fn current_phase(&self) -> String {
         self.phase.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
-    fn phase(&self, guard: &Guard, phase: &str) {
+    pub(crate) fn phase(&self, guard: &Guard, phase: &str) {
         guard.beat();
         if let Ok(mut p) = self.phase.lock() {
             phase.clone_into(&mut p);
@@ -482,7 +521,7 @@ fn cacheline(
     Ok(samples)
 }
 
-fn ns(d: Duration) -> f64 {
+pub(crate) fn ns(d: Duration) -> f64 {
     d.as_secs_f64() * 1e9
 }
 
@@ -521,6 +560,14 @@ fn pattern_byte(j: usize, size: usize) -> u8 {
 // ---------------------------------------------------------------------------------------------
 // RDMA: one side's verbs objects.
 
+/// How a QP addresses its peer across an IP network (`perf --net`): the GRH's source GID
+/// index and the GID the peer is to address (this side's RoCEv2 GID of its IPv4 address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub(crate) sgid_index: u8,
+    pub(crate) gid: Gid,
+}
+
 /// One side of an RDMA test: an RC QP with its own send and receive CQs, and one memory
 /// region that peers may write.
 struct Side {
@@ -534,6 +581,8 @@ struct Side {
     psn: u32,
     /// Signaled sends posted and not yet polled.
     signaled: u64,
+    /// The GRH route (`perf --net`); `None`: GID 0 and the library's address vector.
+    route: Option<Route>,
 }
 
 impl Side {
@@ -568,7 +617,13 @@ impl Side {
             _ctx: ctx,
             psn,
             signaled: 0,
+            route: None,
         })
+    }
+
+    fn with_route(mut self, route: Option<Route>) -> Side {
+        self.route = route;
+        self
     }
 
     fn endpoint(&self) -> Result<WireEp> {
@@ -577,16 +632,60 @@ impl Side {
             qpn: ep.qpn,
             psn: ep.psn,
             lid: ep.lid,
-            gid: ep.gid.to_string(),
+            gid: self.route.map_or(ep.gid, |r| r.gid).to_string(),
             addr: self.mr.iova(),
             rkey: self.mr.rkey(),
         })
     }
 
     fn connect(&self, remote: &WireEp) -> Result<()> {
+        let Some(route) = self.route else {
+            return self
+                .qp
+                .connect(&remote.endpoint()?, self.psn, AccessFlags::REMOTE_WRITE)
+                .map_err(|e| format!("connecting the QP: {e}").into());
+        };
+        // As `QueuePair::connect`, but the GRH names this side's GID of the route (the
+        // library's own address vector always uses GID index 0, the link-local one on a
+        // networked device).
+        let remote = remote.endpoint()?;
+        let port = self.qp_port()?;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: port.active_mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            ah_attr: AhAttr {
+                dlid: remote.lid,
+                port_num: 1,
+                grh: Some(GlobalRoute {
+                    dgid: remote.gid,
+                    sgid_index: route.sgid_index,
+                    hop_limit: 1,
+                    ..GlobalRoute::default()
+                }),
+                ..AhAttr::default()
+            },
+            max_dest_rd_atomic: 16.min(self._ctx.query_device().max_qp_rd_atom as u8),
+            min_rnr_timer: 12,
+            ..QpAttr::default()
+        };
+        let mask = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER;
         self.qp
-            .connect(&remote.endpoint()?, self.psn, AccessFlags::REMOTE_WRITE)
-            .map_err(|e| format!("connecting the QP: {e}").into())
+            .to_init(AccessFlags::REMOTE_WRITE)
+            .and_then(|()| self.qp.modify(&rtr, mask))
+            .and_then(|()| self.qp.to_rts(self.psn))
+            .map_err(|e| format!("connecting the QP (GID index {}): {e}", route.sgid_index).into())
+    }
+
+    fn qp_port(&self) -> Result<PortAttr> {
+        Ok(self._ctx.query_port(1)?)
     }
 
     /// Polls the send CQ: counts signaled completions, and turns error completions (which
@@ -910,17 +1009,17 @@ fn check_bw_target(side: &Side, size: usize) -> Result<()> {
 // Results.
 
 /// Half-round-trip latency statistics, in ns.
-#[derive(Debug, Clone, Serialize)]
-struct Latency {
-    p50_ns: f64,
-    p99_ns: f64,
-    mean_ns: f64,
-    round_trips: u64,
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Latency {
+    pub(crate) p50_ns: f64,
+    pub(crate) p99_ns: f64,
+    pub(crate) mean_ns: f64,
+    pub(crate) round_trips: u64,
 }
 
 impl Latency {
     /// From round-trip samples in ns.
-    fn from_rtts(mut rtts: Vec<f64>, round_trips: u64) -> Latency {
+    pub(crate) fn from_rtts(mut rtts: Vec<f64>, round_trips: u64) -> Latency {
         rtts.sort_by(f64::total_cmp);
         let q = |p: f64| {
             if rtts.is_empty() {
@@ -940,28 +1039,28 @@ impl Latency {
 }
 
 #[derive(Debug, Clone, Serialize)]
-struct LatencyFigure {
-    size: usize,
+pub(crate) struct LatencyFigure {
+    pub(crate) size: usize,
     #[serde(flatten)]
-    latency: Latency,
+    pub(crate) latency: Latency,
     /// The cache-line ping-pong's p50.
-    baseline_ns: f64,
+    pub(crate) baseline_ns: f64,
     /// p50 / baseline.
-    ratio: f64,
+    pub(crate) ratio: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
-struct BandwidthFigure {
-    size: usize,
+pub(crate) struct BandwidthFigure {
+    pub(crate) size: usize,
     /// 10^9 bytes per second.
-    gb_s: f64,
-    bytes: u64,
-    writes: u64,
-    seconds: f64,
+    pub(crate) gb_s: f64,
+    pub(crate) bytes: u64,
+    pub(crate) writes: u64,
+    pub(crate) seconds: f64,
     /// memcpy of the same size.
-    baseline_gb_s: f64,
+    pub(crate) baseline_gb_s: f64,
     /// gb_s / baseline.
-    ratio: f64,
+    pub(crate) ratio: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -997,7 +1096,7 @@ struct Report {
     rdma_write_bandwidth: Vec<BandwidthFigure>,
 }
 
-fn size_text(size: usize) -> String {
+pub(crate) fn size_text(size: usize) -> String {
     match size {
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
         s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
@@ -1197,6 +1296,7 @@ pub fn run(args: &Args) -> Result<()> {
     match &args.command {
         Some(PerfCommand::CqPoll(args)) => return crate::perf_cq::run(args),
         Some(PerfCommand::Noncontig(args)) => return crate::perf_noncontig::run(args),
+        None if args.net => return crate::perf_net::run(args),
         None => {}
     }
     let plan = Plan::new(args)?;
@@ -1348,24 +1448,81 @@ fn measure(
     }
 
     // RDMA.
-    let (msg_len, rounds) = (LAT_SIZE as u64, plan.warmup + plan.iters);
-    let lat = |rtts: Vec<f64>| {
-        let latency = Latency::from_rtts(rtts, plan.iters);
-        LatencyFigure {
-            size: LAT_SIZE,
-            baseline_ns: cl.p50_ns,
-            ratio: latency.p50_ns / cl.p50_ns.max(1e-9),
-            latency,
-        }
+    let lat = |latency: Latency| LatencyFigure {
+        size: LAT_SIZE,
+        baseline_ns: cl.p50_ns,
+        ratio: latency.p50_ns / cl.p50_ns.max(1e-9),
+        latency,
     };
+    let mut figs = RdmaFigures::default();
+    let result = measure_rdma(link, device, None, plan, guard, watchdog, &mut figs);
+    report.rdma_write_latency = figs.write_lat.map(lat);
+    report.send_latency = figs.send_lat.map(lat);
+    for (i, run) in figs.write_bw.into_iter().enumerate() {
+        let baseline = report.baselines.memcpy[i].gb_s;
+        report.rdma_write_bandwidth.push(run.figure(baseline));
+    }
+    result
+}
+
+/// One RDMA WRITE bandwidth run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BwRun {
+    pub(crate) size: usize,
+    pub(crate) bytes: u64,
+    pub(crate) writes: u64,
+    pub(crate) seconds: f64,
+}
+
+impl BwRun {
+    pub(crate) fn gb_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(1e-9) / 1e9
+    }
+
+    /// The figure beside a baseline of `baseline` GB/s.
+    pub(crate) fn figure(&self, baseline: f64) -> BandwidthFigure {
+        let gb_s = self.gb_s();
+        BandwidthFigure {
+            size: self.size,
+            gb_s,
+            bytes: self.bytes,
+            writes: self.writes,
+            seconds: self.seconds,
+            baseline_gb_s: baseline,
+            ratio: gb_s / baseline.max(1e-9),
+        }
+    }
+}
+
+/// The RDMA figures of a run, filled as they come in (a run that fails keeps the ones
+/// measured before).
+#[derive(Debug, Default)]
+pub(crate) struct RdmaFigures {
+    pub(crate) write_lat: Option<Latency>,
+    pub(crate) send_lat: Option<Latency>,
+    pub(crate) write_bw: Vec<BwRun>,
+}
+
+/// A's RDMA tests, in order: WRITE latency, SEND latency, WRITE bandwidth at each of
+/// BW_SIZES, with B (the other end of `link`) serving each; QPs address B over `route`.
+pub(crate) fn measure_rdma(
+    link: &mut TcpLink,
+    device: &Device,
+    route: Option<Route>,
+    plan: &Plan,
+    guard: &Guard,
+    watchdog: &Watchdog,
+    figs: &mut RdmaFigures,
+) -> Result<()> {
+    let (msg_len, rounds) = (LAT_SIZE as u64, plan.warmup + plan.iters);
 
     watchdog.phase(guard, "RDMA WRITE latency");
-    let mut side = Side::new(device, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1)?;
+    let mut side = Side::new(device, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1)?.with_route(route);
     let theirs = start_rdma(link, &side, Test::WriteLat, rounds, msg_len)?;
     let rtts = write_lat(&mut side, &theirs, plan, false, guard)?;
     expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
     drop(side);
-    report.rdma_write_latency = Some(lat(rtts));
+    figs.write_lat = Some(Latency::from_rtts(rtts, plan.iters));
 
     watchdog.phase(guard, "SEND latency");
     let mut side = Side::new(
@@ -1373,7 +1530,8 @@ fn measure(
         LAT_SIZE * (1 + RX_DEPTH),
         LAT_SQ_DEPTH,
         RX_DEPTH as u32,
-    )?;
+    )?
+    .with_route(route);
     // B answers only after A's first SEND, so A may post its receives after connecting.
     start_rdma(link, &side, Test::SendLat, rounds, msg_len)?;
     for slot in 0..RX_DEPTH {
@@ -1382,29 +1540,24 @@ fn measure(
     let rtts = send_lat(&mut side, plan, false, guard)?;
     expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
     drop(side);
-    report.send_latency = Some(lat(rtts));
+    figs.send_lat = Some(Latency::from_rtts(rtts, plan.iters));
 
-    for (i, size) in BW_SIZES.into_iter().enumerate() {
+    for size in BW_SIZES {
         watchdog.phase(
             guard,
             &format!("RDMA WRITE bandwidth ({})", size_text(size)),
         );
-        let mut side = Side::new(device, size, TX_DEPTH as u32, 1)?;
+        let mut side = Side::new(device, size, TX_DEPTH as u32, 1)?.with_route(route);
         let theirs = start_rdma(link, &side, Test::WriteBw, 0, size as u64)?;
         let (bytes, writes, seconds) = write_bw(&mut side, &theirs, size, plan.bw_total, guard)?;
         send(link, &Msg::Check)?;
         expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
         drop(side);
-        let gb_s = bytes as f64 / seconds.max(1e-9) / 1e9;
-        let baseline = report.baselines.memcpy[i].gb_s;
-        report.rdma_write_bandwidth.push(BandwidthFigure {
+        figs.write_bw.push(BwRun {
             size,
-            gb_s,
             bytes,
             writes,
             seconds,
-            baseline_gb_s: baseline,
-            ratio: gb_s / baseline.max(1e-9),
         });
     }
     Ok(())
@@ -1504,66 +1657,81 @@ fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) 
                 rounds,
                 size,
                 ep,
-            } => {
-                let plan = Plan {
-                    iters: rounds,
-                    warmup: 0,
-                    bw_total: 0,
-                };
-                match test {
-                    Test::WriteLat => {
-                        let mut side = Side::new(device, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1)?;
-                        side.connect(&ep)?;
-                        send(
-                            link,
-                            &Msg::Endpoint {
-                                ep: side.endpoint()?,
-                            },
-                        )?;
-                        write_lat(&mut side, &ep, &plan, true, guard)?;
-                        send(link, &Msg::Done)?;
-                    }
-                    Test::SendLat => {
-                        let mut side = Side::new(
-                            device,
-                            LAT_SIZE * (1 + RX_DEPTH),
-                            LAT_SQ_DEPTH,
-                            RX_DEPTH as u32,
-                        )?;
-                        side.connect(&ep)?;
-                        for slot in 0..RX_DEPTH {
-                            post_slot(&side, slot)?;
-                        }
-                        send(
-                            link,
-                            &Msg::Endpoint {
-                                ep: side.endpoint()?,
-                            },
-                        )?;
-                        send_lat(&mut side, &plan, true, guard)?;
-                        send(link, &Msg::Done)?;
-                    }
-                    Test::WriteBw => {
-                        let size = usize::try_from(size)
-                            .ok()
-                            .filter(|&s| s > 0 && s <= 1 << 30)
-                            .ok_or_else(|| format!("bad bandwidth size {size}"))?;
-                        let side = Side::new(device, size, 1, 1)?;
-                        side.connect(&ep)?;
-                        send(
-                            link,
-                            &Msg::Endpoint {
-                                ep: side.endpoint()?,
-                            },
-                        )?;
-                        expect(link, "check", |m| (m == Msg::Check).then_some(m))?;
-                        check_bw_target(&side, size)?;
-                        send(link, &Msg::Done)?;
-                    }
-                }
-            }
+            } => serve_rdma(link, device, None, test, rounds, size, &ep, guard)?,
             Msg::Quit => return Ok(()),
             other => return Err(format!("unexpected message from perf: {other:?}").into()),
+        }
+    }
+}
+
+/// B's part of one RDMA test A asked for (`Msg::Rdma`): its QP, connected to A's `ep`
+/// over `route`, then the test.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn serve_rdma(
+    link: &mut TcpLink,
+    device: &Device,
+    route: Option<Route>,
+    test: Test,
+    rounds: u64,
+    size: u64,
+    ep: &WireEp,
+    guard: &Guard,
+) -> Result<()> {
+    let plan = Plan {
+        iters: rounds,
+        warmup: 0,
+        bw_total: 0,
+    };
+    match test {
+        Test::WriteLat => {
+            let mut side = Side::new(device, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1)?.with_route(route);
+            side.connect(ep)?;
+            send(
+                link,
+                &Msg::Endpoint {
+                    ep: side.endpoint()?,
+                },
+            )?;
+            write_lat(&mut side, ep, &plan, true, guard)?;
+            send(link, &Msg::Done)
+        }
+        Test::SendLat => {
+            let mut side = Side::new(
+                device,
+                LAT_SIZE * (1 + RX_DEPTH),
+                LAT_SQ_DEPTH,
+                RX_DEPTH as u32,
+            )?
+            .with_route(route);
+            side.connect(ep)?;
+            for slot in 0..RX_DEPTH {
+                post_slot(&side, slot)?;
+            }
+            send(
+                link,
+                &Msg::Endpoint {
+                    ep: side.endpoint()?,
+                },
+            )?;
+            send_lat(&mut side, &plan, true, guard)?;
+            send(link, &Msg::Done)
+        }
+        Test::WriteBw => {
+            let size = usize::try_from(size)
+                .ok()
+                .filter(|&s| s > 0 && s <= 1 << 30)
+                .ok_or_else(|| format!("bad bandwidth size {size}"))?;
+            let side = Side::new(device, size, 1, 1)?.with_route(route);
+            side.connect(ep)?;
+            send(
+                link,
+                &Msg::Endpoint {
+                    ep: side.endpoint()?,
+                },
+            )?;
+            expect(link, "check", |m| (m == Msg::Check).then_some(m))?;
+            check_bw_target(&side, size)?;
+            send(link, &Msg::Done)
         }
     }
 }
