@@ -5,6 +5,7 @@
 
 mod devinfo;
 mod inspect;
+mod nic;
 mod oob;
 mod perf;
 mod perf_cq;
@@ -56,6 +57,16 @@ enum Command {
     /// Show what running softverbs programs wait for: their threads, and each CQ ring's arm,
     /// pending event and waiting completions (read through /proc; the program keeps running).
     Inspect(inspect::Args),
+    /// The RoCE host engine of a networked device (started by the library when a program
+    /// opens the device; not for running by hand).
+    #[command(name = "engine", hide = true)]
+    Engine {
+        #[arg(long)]
+        spec: String,
+    },
+    /// Show the host engines of networked devices (RoCEv2 between hosts): state, counters,
+    /// clients and queue pairs; `--capture FILE` starts a pcap capture.
+    Nic(nic::Args),
 }
 
 fn main() -> ExitCode {
@@ -99,6 +110,8 @@ fn dispatch(command: &Command) -> Result<()> {
         Command::PerfPeer(args) => perf::run_peer(args),
         Command::PerfNetPeer(args) => perf_net::run_peer(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Nic(args) => nic::run(args),
+        Command::Engine { spec } => Ok(softverbs::nic::engine::serve(spec)?),
         Command::Run(_) => Err("`run` is handled before dispatch".into()),
     }
 }

@@ -21,6 +21,11 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     lib: Option<PathBuf>,
     /// The command to run, and its arguments (after `--`).
+    /// Give the program a networked device (RoCEv2 over UDP between hosts) on this
+    /// interface, named `roce0` (`roce1`, ... for more), listed before `softverbs0` so tools
+    /// that take the first device use it.
+    #[arg(long, value_name = "IFNAME")]
+    netdev: Vec<String>,
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
 }
@@ -87,6 +92,21 @@ fn link_dir(lib: &Path) -> crate::Result<PathBuf> {
 }
 
 /// Runs the command; returns its exit status.
+/// `SOFTVERBS_DEVICES` with networked devices on `netdevs` first, then the devices the
+/// environment had (or the default `softverbs0`).
+fn devices_with(netdevs: &[String]) -> String {
+    let mut list: Vec<String> = netdevs
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("name=roce{i},netdev={n}"))
+        .collect();
+    match std::env::var(softverbs::ENV_DEVICES) {
+        Ok(v) if !v.trim().is_empty() => list.push(v),
+        _ => list.push("name=softverbs0,gid=::ffff:127.0.0.1,guid=025056fffe000001".into()),
+    }
+    list.join(";")
+}
+
 pub fn run(args: &Args) -> ExitCode {
     match try_run(args) {
         Ok(code) => ExitCode::from(code),
@@ -109,7 +129,15 @@ fn try_run(args: &Args) -> crate::Result<u8> {
         path.push(old);
     }
     let (prog, rest) = args.command.split_first().ok_or("no command given")?;
-    let status = std::process::Command::new(prog)
+    let mut cmd = std::process::Command::new(prog);
+    // The library starts the RoCE engine of networked devices with this executable.
+    if let Ok(me) = std::env::current_exe() {
+        cmd.env(softverbs::nic::engine::ENV_ENGINE_EXE, me);
+    }
+    if !args.netdev.is_empty() {
+        cmd.env(softverbs::ENV_DEVICES, devices_with(&args.netdev));
+    }
+    let status = cmd
         .args(rest)
         .env("LD_LIBRARY_PATH", path)
         .status()

@@ -44,6 +44,9 @@ pub mod types;
 
 /// The host engine of networked devices, as programs and the CLI see it.
 pub mod engine {
+    pub use crate::transport::roce::engine::{
+        ENV_ENGINE_EXE, ENV_ENGINE_LOG, ENV_ENGINE_SPIN, serve,
+    };
     pub use crate::transport::roce::{ENV_PCAP, engine_capture, engine_report};
 }
 

@@ -27,6 +27,26 @@ pub struct Device {
 }
 
 impl Device {
+    /// For a networked device (RoCEv2 between hosts): the report of the host engine that
+    /// serves it, as `softverbs nic` prints it (its state, counters, clients and QPs). Fails
+    /// with [`Error::NotFound`](crate::Error) when no engine runs (no program has the device
+    /// open), and for devices that are not networked.
+    pub fn engine_report(&self) -> Result<String> {
+        Ok(softverbs_nic::engine::engine_report(&self.inner)?)
+    }
+
+    /// For a networked device: makes its host engine write every packet it sends and
+    /// receives to the pcap file `path` (an empty path stops the capture). Returns what the
+    /// engine said.
+    pub fn engine_capture(&self, path: &str) -> Result<String> {
+        Ok(softverbs_nic::engine::engine_capture(&self.inner, path)?)
+    }
+
+    /// True for a networked device: RoCEv2 between hosts through the host engine.
+    pub fn is_networked(&self) -> bool {
+        self.inner.config().net.is_some()
+    }
+
     /// The device name (`ibv_get_device_name`).
     pub fn name(&self) -> &str {
         self.inner.name()

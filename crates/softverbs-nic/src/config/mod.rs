@@ -247,6 +247,31 @@ impl DeviceConfig {
         Ok(())
     }
 
+    /// A networked device's entry in `SOFTVERBS_DEVICES` syntax: what its host engine is
+    /// started with (the engine resolves the interface again).
+    pub fn to_spec(&self) -> String {
+        let mut s = format!(
+            "name={},mtu={},ts_bits={}",
+            self.name,
+            self.active_mtu.bytes(),
+            self.timestamp_bits
+        );
+        if let Some(n) = &self.net {
+            if let Some(d) = &n.netdev {
+                s += &format!(",netdev={d}");
+            }
+            if let Some(ip) = n.ip {
+                s += &format!(",ip={ip}");
+            }
+            let f = &n.faults;
+            s += &format!(
+                ",drop={},dup={},reorder={},corrupt={},delay_us={},fault_seed={}",
+                f.drop, f.duplicate, f.reorder, f.corrupt, f.delay_us, f.seed
+            );
+        }
+        s
+    }
+
     /// The GID at `index` of the table.
     pub fn gid_at(&self, index: u32) -> Option<Gid> {
         if self.gid_table.is_empty() {

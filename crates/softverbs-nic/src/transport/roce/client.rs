@@ -126,7 +126,7 @@ impl Link {
         let sock = match connect_to(ip) {
             Ok(s) => s,
             Err(_) => {
-                engine::start(cfg, capture.clone())?;
+                engine::start(cfg)?;
                 let deadline = Instant::now() + START_TIMEOUT;
                 loop {
                     match connect_to(ip) {

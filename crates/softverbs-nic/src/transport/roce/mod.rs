@@ -10,7 +10,7 @@
 //! needs it.
 
 pub(crate) mod client;
-pub(crate) mod engine;
+pub mod engine;
 pub(crate) mod protocol;
 
 use crate::config::net::ip_of;

@@ -57,8 +57,21 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
-/// How long the engine keeps spinning after its last piece of work before it sleeps.
-const SPIN: Duration = Duration::from_micros(200);
+/// How long the engine keeps spinning after its last piece of work before it sleeps, unless
+/// `SOFTVERBS_ENGINE_SPIN_US` says otherwise: on machines with few cores the programs that
+/// use the engine busy-poll their CQs, and an engine spinning beside them takes the cores
+/// they need (on 2 cores a 64-byte RC ping-pong between two namespaces took 53 µs a round
+/// trip with no spin, 139 µs with 20 µs of spin, 475 µs with 200 µs, 3.2 ms with 1 ms).
+fn default_spin() -> Duration {
+    match std::thread::available_parallelism().map_or(1, |n| n.get()) {
+        0..=4 => Duration::ZERO,
+        _ => Duration::from_micros(50),
+    }
+}
+
+/// The environment variable that sets the engine's spin time in microseconds (0: sleep as
+/// soon as idle), read by the process that starts the engine.
+pub const ENV_ENGINE_SPIN: &str = "SOFTVERBS_ENGINE_SPIN_US";
 /// How long it lingers with no client before it exits (a program that reopens the device at
 /// once finds it still there).
 const LINGER: Duration = Duration::from_millis(500);
@@ -117,70 +130,118 @@ struct Engine {
     out: Vec<(IpAddr, Vec<u8>)>,
     items: Vec<NicSge>,
     started: Instant,
+    spin: Duration,
 }
 
-/// Starts an engine for device `cfg` unless one answers already; the caller then connects.
-pub(crate) fn start(cfg: &DeviceConfig, capture: Option<String>) -> crate::Result<()> {
-    let cfg = cfg.clone();
-    // SAFETY: fork has no preconditions; the child only runs the code below, which takes no
-    // lock another thread of the parent could hold (fresh objects only; glibc resets malloc's
-    // locks in the child), and leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    match pid {
-        -1 => Err(crate::Error::Os {
-            what: "fork (starting the RoCE engine)",
-            errno: rustix::io::Errno::from_io_error(&std::io::Error::last_os_error())
-                .unwrap_or(rustix::io::Errno::AGAIN),
-        }),
-        0 => {
-            // SAFETY: in the child: a new session, then a grandchild that no one waits for;
-            // the first child exits at once so the parent reaps it.
-            unsafe {
-                libc::setsid();
-                if libc::fork() != 0 {
-                    libc::_exit(0);
-                }
-            }
-            detach_from_parent();
-            let code = match Engine::new(cfg, capture) {
-                Ok(mut e) => {
-                    e.run();
-                    0
-                }
-                Err(_) => 1,
-            };
-            // SAFETY: ends the engine without running the parent's exit handlers.
-            unsafe { libc::_exit(code) }
-        }
-        child => {
-            let mut status = 0;
-            // SAFETY: reaps the first child, which exits at once.
-            unsafe { libc::waitpid(child, &mut status, 0) };
-            Ok(())
-        }
+/// The environment variable naming a file the engine appends its diagnostics to (it has no
+/// terminal: it belongs to no one's session).
+pub const ENV_ENGINE_LOG: &str = "SOFTVERBS_ENGINE_LOG";
+
+/// Appends a line to the engine's log, if it has one.
+fn log(path: Option<&str>, what: &str) {
+    use std::io::Write;
+    if let Some(p) = path
+        && let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+    {
+        let _ = writeln!(f, "softverbs engine {}: {what}", std::process::id());
     }
 }
 
-/// The grandchild keeps nothing of the process that started it: no descriptor (a pipe the
-/// parent's parent waits on would never close), stdio on /dev/null, default signals.
-fn detach_from_parent() {
-    // SAFETY: plain system calls on descriptor numbers; nothing here is in use by Rust code
-    // of this (single-threaded) process.
-    unsafe {
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        if null >= 0 {
-            for fd in 0..3 {
-                libc::dup2(null, fd);
-            }
-            if null > 2 {
-                libc::close(null);
-            }
-        }
-        libc::signal(libc::SIGHUP, libc::SIG_IGN);
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
+/// The environment variable naming the `softverbs` executable whose hidden `engine`
+/// subcommand runs an engine (`softverbs run` sets it for the programs it starts).
+pub const ENV_ENGINE_EXE: &str = "SOFTVERBS_ENGINE_EXE";
+
+/// The `softverbs` executable that runs engines: `$SOFTVERBS_ENGINE_EXE`, else a `softverbs`
+/// next to this program or up to two directories above it (a cargo target directory holds
+/// test binaries in `deps/`), else the first on `PATH`.
+fn engine_exe() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let usable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if let Some(p) = std::env::var_os(ENV_ENGINE_EXE).filter(|p| !p.is_empty()) {
+        return Some(p.into());
     }
+    let exe = std::env::current_exe().ok()?;
+    let near = exe.ancestors().skip(1).take(3).map(|d| d.join("softverbs"));
+    let on_path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("softverbs"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    near.chain(on_path).find(|p| usable(p) && *p != exe)
+}
+
+/// Starts an engine for device `cfg`; the caller then connects. The engine is a process of
+/// its own (`softverbs engine`, in a process group of its own, so a terminal's Ctrl-C to the
+/// program does not stop the engine its peers use), not a fork of the caller: a forked copy
+/// would share the caller's registered pages that were moved into shared memory, heap pages
+/// among them, and its allocator would write into the caller's heap.
+pub(crate) fn start(cfg: &DeviceConfig) -> crate::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let exe = engine_exe().ok_or_else(|| {
+        crate::Error::NotFound(format!(
+            "the softverbs executable that runs the RoCE engine (build or install the \
+             softverbs CLI, or name it with {ENV_ENGINE_EXE})"
+        ))
+    })?;
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("engine")
+        .arg("--spec")
+        .arg(cfg.to_spec())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0);
+    // The clients ask for captures themselves (`Ctl::Capture`), whoever started the engine.
+    cmd.env_remove(super::client::ENV_PCAP);
+    let mut child = cmd.spawn().map_err(|e| {
+        crate::Error::NotFound(format!("cannot run the RoCE engine {}: {e}", exe.display()))
+    })?;
+    // Reaped here if it ends before this process does (else init reaps it).
+    let _ = std::thread::Builder::new()
+        .name("softverbs-engine-reap".into())
+        .spawn(move || child.wait());
+    Ok(())
+}
+
+/// Runs the engine for the networked device described by `spec` (one `SOFTVERBS_DEVICES`
+/// entry) until its last client leaves: what `softverbs engine` does.
+pub fn serve(spec: &str) -> crate::Result<()> {
+    // The engine holds nothing of the process that started it: descriptors it inherited
+    // (a program's TCP connection to its peer, say) would stay open as long as it runs.
+    // SAFETY: closes descriptor numbers only; nothing in this new process uses them yet.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    let log_path = std::env::var(ENV_ENGINE_LOG).ok();
+    let say = |what: &str| log(log_path.as_deref(), what);
+    let cfg = DeviceConfig::parse_list(spec)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| crate::Error::Config("no device".into()))?;
+    let spin = std::env::var(ENV_ENGINE_SPIN)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or_else(default_spin, Duration::from_micros);
+    let capture = std::env::var(super::client::ENV_PCAP)
+        .ok()
+        .filter(|p| !p.is_empty());
+    let mut e = match Engine::new(cfg, capture) {
+        Ok(e) => e,
+        Err(err) => {
+            say(&format!("cannot start: {err}"));
+            return Err(err);
+        }
+    };
+    e.spin = spin;
+    say("started");
+    e.run();
+    say("no client left: stopped");
+    Ok(())
 }
 
 fn listen_on(ip: IpAddr) -> crate::Result<OwnedFd> {
@@ -360,6 +421,7 @@ impl Engine {
             out: Vec::new(),
             items: Vec::new(),
             started: Instant::now(),
+            spin: Duration::ZERO,
         })
     }
 
@@ -394,9 +456,9 @@ impl Engine {
                 (false, Some(_)) => alone_since = None,
                 _ => {}
             }
-            if !busy && last_work.elapsed() >= SPIN {
+            if !busy && last_work.elapsed() >= self.spin {
                 self.sleep();
-                last_work = Instant::now() - SPIN / 2;
+                last_work = Instant::now() - self.spin / 2;
             }
         }
         if let Some(c) = &mut self.capture {
