@@ -298,7 +298,26 @@ fn describe(o: &mut String, dev: &Device, verbose: bool) -> Result<()> {
                     .query_gid(port, index)
                     .map_err(|e| format!("querying GID {index} of {}: {e}", dev.name()))?;
                 if !gid.is_zero() {
-                    line!("\t\t\tGID[{index:3}]:\t\t{gid}");
+                    // rdma-core's ibv_devinfo names the type of RoCE GIDs.
+                    let kind = match p.link_layer {
+                        softverbs::LinkLayer::Ethernet => ", RoCE v2",
+                        softverbs::LinkLayer::InfiniBand => "",
+                    };
+                    line!("\t\t\tGID[{index:3}]:\t\t{gid}{kind}");
+                }
+            }
+        }
+        if verbose && dev.is_networked() {
+            // The host engine's counters, as soft-RoCE shows its hardware counters.
+            match dev.engine_report() {
+                Ok(report) => {
+                    line!("\tengine (RoCEv2 over UDP 4791):");
+                    for l in report.lines() {
+                        line!("\t\t{l}");
+                    }
+                }
+                Err(_) => {
+                    line!("\tengine: not running (no program has the device open)");
                 }
             }
         }

@@ -355,7 +355,7 @@ impl KeyTable {
     /// Invalidates `key`, waiting for in-flight accesses through it to finish.
     pub fn deregister(&self, key: u32) -> Result<()> {
         let e = self
-            .entry(key >> 8)
+            .entry(self.slot(key))
             .filter(|e| e.key.load(Ordering::Acquire) == key)
             .ok_or_else(|| Error::NotFound(format!("memory key {key:#x}")))?;
         if e.state
@@ -485,7 +485,7 @@ impl KeyTable {
         generation: u32,
     ) -> Result<()> {
         let e = self
-            .entry(key >> 8)
+            .entry(self.slot(key))
             .filter(|e| {
                 e.key.load(Ordering::Acquire) == key && e.state.load(Ordering::Acquire) == VALID
             })
@@ -513,6 +513,43 @@ impl KeyTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_keys_hide_the_slot_and_still_name_their_region() {
+        let plain = KeyTable::new(64).unwrap();
+        let a = KeyTable::new(64).unwrap().with_secret_keys();
+        let b = KeyTable::new(64).unwrap().with_secret_keys();
+        // The permutation is one: every 32-bit key comes back to its slot.
+        for k in (0..1u32 << 20).map(|i| i.wrapping_mul(0x9e37_79b9)) {
+            assert_eq!(a.slot(a.hide(k)), k >> 8);
+        }
+        let reg = |t: &KeyTable| {
+            t.register(1, 0x1000, 64, 0x1000, AccessFlags::REMOTE_WRITE, None)
+                .unwrap()
+        };
+        let (kp, ka, kb) = (reg(&plain), reg(&a), reg(&b));
+        // Plain keys are slot and generation; secret ones differ from table to table.
+        assert_eq!(kp & 0xff, 1);
+        assert_ne!(ka, kb);
+        assert_ne!(ka >> 8, kp >> 8);
+        assert!(a.pin(ka, 1, 0x1000, 64, AccessFlags::REMOTE_WRITE).is_ok());
+        assert!(
+            a.pin(ka ^ 1, 1, 0x1000, 64, AccessFlags::REMOTE_WRITE)
+                .is_err()
+        );
+        // A peer's view of the table reads the same round keys.
+        let view =
+            KeyTable::open(Segment::open(a.segment().fd().try_clone_to_owned().unwrap()).unwrap())
+                .unwrap();
+        assert!(
+            view.pin(ka, 1, 0x1000, 64, AccessFlags::REMOTE_WRITE)
+                .is_ok()
+        );
+        a.deregister(ka).unwrap();
+        assert!(a.pin(ka, 1, 0x1000, 64, AccessFlags::REMOTE_WRITE).is_err());
+        let again = reg(&a);
+        assert_ne!(again, ka, "the slot's next key differs");
+    }
 
     #[test]
     fn register_pin_deregister() {

@@ -4,8 +4,8 @@
 use super::requester::Requester;
 use super::responder::Responder;
 use super::{
-    Completion, Event, Memory, PostError, QpConfig, QpCounters, QpError, QpState, QpType, RecvWr,
-    SendWr, WcOpcode, WcStatus,
+    Completion, Event, Memory, PostError, QpAccess, QpConfig, QpCounters, QpError, QpState, QpType,
+    RecvWr, SendWr, WcOpcode, WcStatus,
 };
 use crate::Time;
 use crate::wire::{Datagram, Headers, Psn};
@@ -125,6 +125,17 @@ impl Qp {
         c.max_rd_atomic = max_rd_atomic;
         self.req = Requester::new(c);
         true
+    }
+
+    /// `ibv_modify_qp` of an established QP (SQD or SQE back to RTS, or RTS to RTS): new
+    /// timeout, retry counts and remote rights take effect from the next retry on.
+    pub fn update_limits(&mut self, timeout: u8, retry_cnt: u8, rnr_retry: u8, access: QpAccess) {
+        let c = &mut self.shared.cfg;
+        c.timeout = timeout;
+        c.retry_cnt = retry_cnt;
+        c.rnr_retry = rnr_retry;
+        c.access = access;
+        self.req.set_limits(c);
     }
 
     pub fn config(&self) -> &QpConfig {

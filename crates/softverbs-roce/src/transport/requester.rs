@@ -96,6 +96,13 @@ impl Requester {
         }
     }
 
+    /// New timeout and retry counts (the QP was modified while established).
+    pub fn set_limits(&mut self, cfg: &QpConfig) {
+        self.timeout = timers::transport_timeout(cfg.timeout);
+        self.retry_left = cfg.retry_cnt;
+        self.rnr_left = cfg.rnr_retry;
+    }
+
     /// Nothing was ever posted.
     pub fn is_idle(&self) -> bool {
         self.wqes.is_empty() && self.assigned == self.una

@@ -255,6 +255,12 @@ peer!(peer_qpn_taker, |p| {
 
 #[test]
 fn connection_to_a_dead_process_never_reaches_a_new_process_that_took_its_qp_number() {
+    if crate::harness::between_hosts() {
+        eprintln!(
+            "skipped between hosts: QP numbers of networked devices are random, so no process can take a given one"
+        );
+        return;
+    }
     let _alone = exclusive();
     let mut a = Peer::spawn("failure::peer_doomed_target");
     let aep: Endpoint = a.expect("target").get(0);

@@ -26,6 +26,16 @@ use std::time::{Duration, Instant};
 
 /// The environment variable that makes a `peer!` test act.
 pub const ROLE_ENV: &str = "SOFTVERBS_TEST_ROLE";
+/// Set by the between-hosts run (`between_hosts`): peers run in this network namespace, as
+/// on another host, with [`PEER_DEVICES_ENV`] as their `SOFTVERBS_DEVICES`.
+pub const PEER_NETNS_ENV: &str = "SOFTVERBS_TEST_PEER_NETNS";
+pub const PEER_DEVICES_ENV: &str = "SOFTVERBS_TEST_PEER_DEVICES";
+
+/// True when this run's peers are on another host (see [`PEER_NETNS_ENV`]); tests of what
+/// only the same host has (layout binds in the send queue, cross-memory attach) skip then.
+pub fn between_hosts() -> bool {
+    std::env::var_os(PEER_NETNS_ENV).is_some()
+}
 /// Marks side-channel lines on the peer's stdout.
 pub const PREFIX: &str = "@@softverbs-test@@ ";
 /// Default deadline of one receive, either side.
@@ -362,7 +372,18 @@ impl Peer {
     pub fn spawn(role: &str) -> Peer {
         let pass = SharedPass::enter();
         let exe = std::env::current_exe().expect("current_exe");
-        let mut child = Command::new(exe)
+        let mut cmd = match std::env::var(PEER_NETNS_ENV) {
+            Ok(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &ns]).arg(&exe);
+                if let Ok(d) = std::env::var(PEER_DEVICES_ENV) {
+                    c.env("SOFTVERBS_DEVICES", d);
+                }
+                c
+            }
+            Err(_) => Command::new(exe),
+        };
+        let mut child = cmd
             .args(["--exact", role, "--nocapture", "--test-threads=1"])
             .env(ROLE_ENV, role)
             .stdin(Stdio::piped())

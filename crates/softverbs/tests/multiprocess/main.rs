@@ -11,6 +11,7 @@ mod harness;
 
 mod access;
 mod atomics;
+mod between_hosts;
 mod channel;
 mod cleanup;
 mod cq;

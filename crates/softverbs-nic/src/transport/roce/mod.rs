@@ -220,10 +220,13 @@ impl Offload for NetQp {
                     },
                 })
             }
-            QpState::Rts if from == QpState::Rtr => self.link.send(&Ctl::Rts {
+            // RTR -> RTS starts the requester; back to RTS from SQD or SQE (or RTS -> RTS)
+            // updates its limits and the QP's rights.
+            QpState::Rts => self.link.send(&Ctl::Rts {
                 qpn,
                 rts: Rts {
                     sq_psn: attr.sq_psn,
+                    access: access_bits(attr.qp_access_flags),
                     timeout: attr.timeout,
                     retry_cnt: attr.retry_cnt,
                     rnr_retry: attr.rnr_retry,
@@ -238,9 +241,8 @@ impl Offload for NetQp {
                     .clear();
                 self.link.send(&Ctl::Close { qpn })
             }
-            QpState::Sqd => Err(Error::Unsupported(
-                "SQ drain (SQD) on networked devices".into(),
-            )),
+            // SQD: the send-queue driver holds back what is posted from now on; what the engine
+            // has drains.
             _ => {
                 if self.link.is_dead() {
                     return Err(Error::NotFound("the RoCE engine is gone".into()));

@@ -58,6 +58,8 @@ pub(crate) struct Rtr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Rts {
     pub sq_psn: u32,
+    /// `QpAccess` bits, as in [`Rtr`] (they may change while established).
+    pub access: u8,
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
@@ -210,6 +212,7 @@ impl Ctl {
                 .u8(4)
                 .u32(*qpn)
                 .u32(r.sq_psn)
+                .u8(r.access)
                 .u8(r.timeout)
                 .u8(r.retry_cnt)
                 .u8(r.rnr_retry)
@@ -249,6 +252,7 @@ impl Ctl {
                 qpn: r.u32()?,
                 rts: Rts {
                     sq_psn: r.u32()?,
+                    access: r.u8()?,
                     timeout: r.u8()?,
                     retry_cnt: r.u8()?,
                     rnr_retry: r.u8()?,
@@ -381,6 +385,7 @@ mod tests {
                 qpn: 3,
                 rts: Rts {
                     sq_psn: 5,
+                    access: 3,
                     timeout: 14,
                     retry_cnt: 7,
                     rnr_retry: 7,

@@ -166,6 +166,9 @@ fn engine_exe() -> Option<std::path::PathBuf> {
         return Some(p.into());
     }
     let exe = std::env::current_exe().ok()?;
+    if exe.file_name().is_some_and(|n| n == "softverbs") {
+        return Some(exe);
+    }
     let near = exe.ancestors().skip(1).take(3).map(|d| d.join("softverbs"));
     let on_path = std::env::var_os("PATH")
         .map(|p| {
@@ -174,7 +177,7 @@ fn engine_exe() -> Option<std::path::PathBuf> {
                 .collect::<Vec<_>>()
         })
         .unwrap_or_default();
-    near.chain(on_path).find(|p| usable(p) && *p != exe)
+    near.chain(on_path).find(|p| usable(p))
 }
 
 /// Starts an engine for device `cfg`; the caller then connects. The engine is a process of
@@ -667,6 +670,8 @@ impl Engine {
                 q.live = self.ep.add_qp(cfg).is_ok();
             }
             Ctl::Rts { qpn, rts } if owns(self, qpn) => {
+                // The first RTS starts the requester (nothing posted yet); any later one
+                // (from SQD or SQE, or RTS to RTS) changes its limits and rights only.
                 if let Some(qp) = self.ep.qp_mut(qpn) {
                     qp.ready_to_send(
                         Psn::new(rts.sq_psn),
@@ -674,6 +679,12 @@ impl Engine {
                         rts.retry_cnt,
                         rts.rnr_retry,
                         rts.max_rd_atomic.max(1),
+                    );
+                    qp.update_limits(
+                        rts.timeout,
+                        rts.retry_cnt,
+                        rts.rnr_retry,
+                        QpAccess::from_bits_truncate(rts.access),
                     );
                 }
             }
@@ -899,6 +910,11 @@ impl Engine {
 
     fn complete_recv(&mut self, qpn: u32, c: &Completion) {
         let Some(q) = self.qps.get(&qpn) else { return };
+        // RC and UC packets carry no source QP (only UD's DETH does): the sender is the peer.
+        let src_qp = match self.ep.qp(qpn).and_then(|c| c.config().peer) {
+            Some((_, peer)) if c.src_qp == 0 => peer,
+            _ => c.src_qp,
+        };
         let mut flags = WcFlags::empty();
         if c.imm.is_some() {
             flags |= WcFlags::WITH_IMM;
@@ -913,7 +929,7 @@ impl Engine {
             byte_len: c.byte_len,
             imm_data: c.imm.map_or(0, imm_from_wire),
             qp_num: qpn,
-            src_qp: c.src_qp,
+            src_qp,
             wc_flags: flags.bits() as u8,
             solicited: u8::from(c.solicited),
             ..Cqe::default()
