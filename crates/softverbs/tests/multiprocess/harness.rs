@@ -370,18 +370,31 @@ impl Peer {
     /// Starts the test binary again as peer `role` (a `peer!` function's libtest name, e.g.
     /// `"rc::peer_target"`) and waits for its hello.
     pub fn spawn(role: &str) -> Peer {
+        let place = std::env::var(PEER_NETNS_ENV)
+            .ok()
+            .map(|ns| (ns, std::env::var(PEER_DEVICES_ENV).ok()));
+        Peer::spawn_at(role, place)
+    }
+
+    /// Like [`spawn`](Self::spawn), in network namespace `netns` (another host) with
+    /// `devices` as its `SOFTVERBS_DEVICES`.
+    pub fn spawn_in(role: &str, netns: &str, devices: &str) -> Peer {
+        Peer::spawn_at(role, Some((netns.to_string(), Some(devices.to_string()))))
+    }
+
+    fn spawn_at(role: &str, place: Option<(String, Option<String>)>) -> Peer {
         let pass = SharedPass::enter();
         let exe = std::env::current_exe().expect("current_exe");
-        let mut cmd = match std::env::var(PEER_NETNS_ENV) {
-            Ok(ns) => {
+        let mut cmd = match place {
+            Some((ns, devices)) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", &ns]).arg(&exe);
-                if let Ok(d) = std::env::var(PEER_DEVICES_ENV) {
+                if let Some(d) = devices {
                     c.env("SOFTVERBS_DEVICES", d);
                 }
                 c
             }
-            Err(_) => Command::new(exe),
+            None => Command::new(exe),
         };
         let mut child = cmd
             .args(["--exact", role, "--nocapture", "--test-threads=1"])
