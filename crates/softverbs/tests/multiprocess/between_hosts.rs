@@ -27,6 +27,8 @@ fn every_multiprocess_test_passes_between_two_network_namespaces() {
     if !netns::available_for_test(T) {
         return;
     }
+    // Alone: these runs busy-poll on both hosts, and no other test may compete.
+    let _alone = exclusive();
     let net = netns::NetPair::new(&netns::NetConfig::default()).expect("make the namespaces");
     let (a, b) = (net.a(), net.b());
     let exe = std::env::current_exe().expect("current_exe");
@@ -79,7 +81,7 @@ fn every_multiprocess_test_passes_between_two_network_namespaces() {
 // The network is untrusted: forged packets from a third host.
 
 use crate::common::*;
-use crate::harness::{Peer, RemoteMr, msg, peer};
+use crate::harness::{Peer, RemoteMr, exclusive, msg, peer};
 use softverbs::*;
 use softverbs_roce::wire::{Bth, Headers, IpRepr, Ipv4Repr, Opcode, Psn, Reth, emit_datagram};
 use std::net::Ipv4Addr;
@@ -287,6 +289,8 @@ fn forged_packets_from_a_third_host_are_dropped_and_counted_and_harm_nothing() {
     if !netns::available_for_test(T) {
         return;
     }
+    // Alone: these runs busy-poll on both hosts, and no other test may compete.
+    let _alone = exclusive();
     let net = netns::NetPair::new(&netns::NetConfig {
         attacker: true,
         ..netns::NetConfig::default()
@@ -486,6 +490,8 @@ fn a_peer_whose_link_or_engine_goes_away_fails_rc_with_retry_exceeded_in_time_an
     if !netns::available_for_test(T) {
         return;
     }
+    // Alone: these runs busy-poll on both hosts, and no other test may compete.
+    let _alone = exclusive();
     let net = netns::NetPair::new(&netns::NetConfig::default()).expect("make the namespaces");
     let (a, b) = (net.a(), net.b());
     ipv4_only(&[a, b]);
