@@ -167,7 +167,7 @@ impl FaultInjector {
     pub(crate) fn new(cfg: Faults) -> FaultInjector {
         FaultInjector {
             cfg,
-            rng: SplitMix64::new(cfg.seed ^ 0x5eed_0f_fa17),
+            rng: SplitMix64::new(cfg.seed ^ 0x005e_ed0f_fa17),
             held: None,
             delayed: VecDeque::new(),
             counts: FaultCounts::default(),
