@@ -411,7 +411,12 @@ fn perftest_row(out: &str) -> Vec<f64> {
         .collect();
     assert_eq!(
         cols.len(),
-        header.split_whitespace().count(),
+        // `#bytes #iterations BW peak[MB/sec] ...`: the names hold spaces, the units not.
+        header
+            .split_whitespace()
+            .filter(|w| w.starts_with('#'))
+            .count()
+            + header.matches('[').count(),
         "`{header}` / `{row}`"
     );
     cols
@@ -588,11 +593,12 @@ fn pcap_path(name: &str) -> PathBuf {
 }
 
 /// 1% of the packets dropped on each side, by each engine's fault injector: an
-/// `ibv_rc_pingpong -s 65536`, an `ib_write_bw` and a `softverbs pingpong` (every byte
-/// checked) still complete, and each engine counts `fault_dropped` > 0 and
-/// `retransmitted_pkts` > 0 (read from `softverbs nic` while a holder keeps the engines up).
-/// The capture of B's engine over the three runs is clean RoCEv2 and shows PSN sequence
-/// NAKs.
+/// `ibv_rc_pingpong -s 65536` and an `ib_write_bw` still complete, and each engine counts
+/// `fault_dropped` > 0 and `retransmitted_pkts` > 0 (read from `softverbs nic` while a
+/// holder keeps the engines up). The capture of B's engine over both runs is clean RoCEv2
+/// and shows PSN sequence NAKs. Then a `softverbs pingpong` under the same loss (every byte
+/// of every message checked by both ends; it addresses the peer by GID 0, the link-local
+/// one) completes too.
 #[test]
 fn one_percent_loss_each_way_is_recovered() {
     let Some(s) = setup("1% loss", &["ibv_rc_pingpong", "ib_write_bw"]) else {
@@ -617,29 +623,6 @@ fn one_percent_loss_each_way_is_recovered() {
             100,
         );
         perftest(&s, &sides, 18516, "ib_write_bw", &[], 65536);
-        // softverbs pingpong: the client connects (retrying) to the server, both check every
-        // byte of every message.
-        let pp = |h: &HostNs, opts: &str, peer: Option<String>| {
-            let mut cmd = h.command(SOFTVERBS);
-            cmd.args(["pingpong", "-p", "18517", "-n", "500", "--timeout", "30"])
-                .args(peer)
-                .env("SOFTVERBS_DEVICES", device_entry(h, opts));
-            spawn(&mut cmd)
-        };
-        let server = pp(s.net.a(), faults[0], None);
-        let client = pp(s.net.b(), faults[1], Some(s.net.a().ipv4.to_string()));
-        let outs = finish(vec![("server", server), ("client", client)], RUN_LIMIT);
-        assert!(
-            outs.iter().all(|o| o.status.success()),
-            "softverbs pingpong under 1% loss\n=== server\n{}\n=== client\n{}\n{}",
-            show(&outs[0]),
-            show(&outs[1]),
-            nics(&s.net)
-        );
-        let served = show(&outs[0]);
-        assert!(served.contains("(data checked"), "{served}");
-        let client = show(&outs[1]);
-        assert!(client.contains("round trip"), "{client}");
         // The counters, while the holders keep both engines up.
         for h in [s.net.a(), s.net.b()] {
             let report = nic(h);
@@ -657,17 +640,64 @@ fn one_percent_loss_each_way_is_recovered() {
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
-    let Some(tools) = tools else { return };
-    wait_engine_gone(s.net.b());
-    let d = check_capture(&tools, &pcap);
-    for op in ["RC Send First", "RC RDMA Write First", "RC Acknowledge"] {
-        assert!(count(&d, op) > 0, "{op}: {d:?}");
+    if let Some(tools) = tools {
+        wait_engine_gone(s.net.b());
+        let d = check_capture(&tools, &pcap);
+        for op in ["RC Send First", "RC RDMA Write First", "RC Acknowledge"] {
+            assert!(count(&d, op) > 0, "{op}: {d:?}");
+        }
+        assert!(
+            d.naks.get("psn_seq").copied().unwrap_or(0) > 0,
+            "PSN sequence NAKs: {d:?}"
+        );
+        let _ = std::fs::remove_file(&pcap);
     }
+    // softverbs pingpong: the client connects (retrying) to the server; both check every
+    // byte of every message.
+    let pp = |h: &HostNs, opts: &str, peer: Option<String>| {
+        let mut cmd = h.command(SOFTVERBS);
+        cmd.args(["pingpong", "-p", "18517", "-n", "100", "--timeout", "30"])
+            .args(peer)
+            .env_remove("SOFTVERBS_PCAP")
+            .env("SOFTVERBS_DEVICES", device_entry(h, opts));
+        spawn(&mut cmd)
+    };
+    let server = pp(s.net.a(), faults[0], None);
+    let client = pp(s.net.b(), faults[1], Some(s.net.a().ipv4.to_string()));
+    let children = vec![("server", server), ("client", client)];
+    let outs = finish(children, RUN_LIMIT);
     assert!(
-        d.naks.get("psn_seq").copied().unwrap_or(0) > 0,
-        "PSN sequence NAKs: {d:?}"
+        outs.iter().all(|o| o.status.success()),
+        "softverbs pingpong under 1% loss\n=== server\n{}\n=== client\n{}\n{}",
+        show(&outs[0]),
+        show(&outs[1]),
+        nics(&s.net)
     );
-    let _ = std::fs::remove_file(&pcap);
+    let served = show(&outs[0]);
+    assert!(served.contains("(data checked"), "{served}");
+    let client = show(&outs[1]);
+    assert!(client.contains("round trip"), "{client}");
+    println!("softverbs pingpong under 1% loss, client:\n{client}");
+}
+
+/// The engine's capture of an `ibv_rc_pingpong` over the link-local IPv6 GIDs (index 0):
+/// clean RoCEv2, like the IPv4 ones. Fails: the engine writes every packet it *received*
+/// over IPv6 with UDP checksum 0 (illegal in IPv6; on the wire the checksum is there),
+/// which tshark reports as an error. Sent packets carry their checksum.
+#[test]
+#[ignore = "softverbs-nic engine capture: received IPv6 packets are written with UDP checksum 0"]
+fn capture_over_link_local_ipv6_is_clean_roce() {
+    let Some(s) = setup("link-local capture", &["ibv_rc_pingpong"]) else {
+        return;
+    };
+    let Some(d) = captured(&s, "link_local", |sides| {
+        let args = ["ibv_rc_pingpong", "-g", "0", "-n", "50"];
+        let ran = run_pair(&s, sides, 18515, &args);
+        assert_eq!(pingpong_iters(&ran.client), 50, "{}", ran.client);
+    }) else {
+        return;
+    };
+    assert!(count(&d, "RC Send First") > 0, "{d:?}");
 }
 
 fn count(d: &Dissection, op: &str) -> u64 {
