@@ -619,8 +619,8 @@ fn one_percent_loss_each_way_is_recovered() {
             &sides,
             18515,
             "ibv_rc_pingpong",
-            &["-s", "65536", "-n", "100"],
-            100,
+            &["-s", "65536", "-n", "50"],
+            50,
         );
         perftest(&s, &sides, 18516, "ib_write_bw", &[], 65536);
         // The counters, while the holders keep both engines up.
