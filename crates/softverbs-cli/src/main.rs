@@ -70,6 +70,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // This binary is the RoCE engine's executable. The library, looking for it, skips the
+    // running program itself (it looks next to it, above it and on PATH), so a networked
+    // device opened by `softverbs pingpong`, `perf --net` or `nic` found no engine to start
+    // unless SOFTVERBS_ENGINE_EXE was set; name ourselves, as `softverbs run` does for C
+    // programs.
+    if std::env::var_os(softverbs::nic::engine::ENV_ENGINE_EXE).is_none_or(|v| v.is_empty()) {
+        if let Ok(me) = std::env::current_exe() {
+            // SAFETY: the first thing main does, before any thread exists.
+            unsafe { std::env::set_var(softverbs::nic::engine::ENV_ENGINE_EXE, me) };
+        }
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

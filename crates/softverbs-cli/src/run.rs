@@ -20,12 +20,13 @@ pub struct Args {
     /// `libibverbs.so` that cargo built beside this `softverbs` binary).
     #[arg(long, value_name = "PATH")]
     lib: Option<PathBuf>,
-    /// The command to run, and its arguments (after `--`).
     /// Give the program a networked device (RoCEv2 over UDP between hosts) on this
     /// interface, named `roce0` (`roce1`, ... for more), listed before `softverbs0` so tools
-    /// that take the first device use it.
-    #[arg(long, value_name = "IFNAME")]
+    /// that take the first device use it. Options after the name join the device entry:
+    /// `--netdev eth0,drop=1%,fault_seed=7`. May be given more than once.
+    #[arg(long, value_name = "IFNAME[,OPTIONS]")]
     netdev: Vec<String>,
+    /// The command to run, and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
 }

@@ -1,5 +1,6 @@
 //! `softverbs perf --net` as a user runs it: the UDP baselines across two network namespaces
-//! (quick), and a device that cannot be used, which must not cost the baselines. Only the
+//! (quick), the whole run with the RDMA figures over `roce0` (quick), and a device that
+//! cannot be used, which must not cost the baselines. Only the
 //! report's structure and that the figures are positive are checked: no timing thresholds.
 //!
 //! Needs root (network namespaces); otherwise skipped with a message, except under
@@ -120,4 +121,52 @@ fn a_device_that_cannot_be_used_still_leaves_the_baselines() {
         err.starts_with("softverbs: ") && err.contains("nosuchdev"),
         "{err}"
     );
+}
+
+/// The whole quick run, RDMA included: `roce0` on each side's veth, WRITE and SEND latency
+/// at 64 B and WRITE bandwidth at 64 KiB and 1 MiB, each beside its UDP baseline, with the
+/// bandwidth also against every stream method. Structure and positivity only.
+#[test]
+fn the_whole_run_over_roce0_across_two_namespaces() {
+    if !available_for_test("perf --net with RDMA") {
+        return;
+    }
+    let o = perf_net(&[]);
+    let r = report(&o);
+    assert!(o.status.success(), "{r}");
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(r["rdma_error"].is_null(), "{r}");
+    assert_eq!(r["device"], "roce0", "{r}");
+    check_baselines(&r, 1500);
+    let udp = positive(&r["baselines"]["udp_pingpong"]["p50_ns"], "udp p50");
+    for k in ["rdma_write_latency", "send_latency"] {
+        let f = &r[k];
+        assert_eq!(f["size"], 64, "{f}");
+        assert_eq!(f["round_trips"], 1000, "{f}");
+        let p50 = positive(&f["p50_ns"], "p50_ns");
+        positive(&f["p99_ns"], "p99_ns");
+        assert_eq!(f["baseline_ns"].as_f64(), Some(udp), "{f}");
+        let ratio = positive(&f["ratio"], "ratio");
+        assert!((ratio - p50 / udp).abs() < 1e-6 * ratio, "{f}");
+        assert!(f["met"].is_boolean(), "{f}");
+    }
+    let bw = r["rdma_write_bandwidth"].as_array().expect("bandwidth");
+    let sizes: Vec<u64> = bw.iter().filter_map(|f| f["size"].as_u64()).collect();
+    assert_eq!(sizes, [65536, 1 << 20], "{r}");
+    let best = r["baselines"]["udp_stream_best_gb_s"].as_f64();
+    for f in bw {
+        let gb_s = positive(&f["gb_s"], "gb_s");
+        positive(&f["writes"], "writes");
+        assert_eq!(f["baseline_gb_s"].as_f64(), best, "{f}");
+        let each = f["vs_streams"].as_array().expect("vs_streams");
+        let methods: Vec<&str> = each.iter().filter_map(|s| s["method"].as_str()).collect();
+        assert!(methods.starts_with(&["sendto", "sendmmsg"]), "{f}");
+        for s in each {
+            let ratio = positive(&s["ratio"], "ratio");
+            let udp = positive(&s["gb_s"], "gb_s");
+            assert!((ratio - gb_s / udp).abs() < 1e-6 * ratio, "{s}");
+        }
+    }
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(!text.contains("softverbs: "), "{text}");
 }
