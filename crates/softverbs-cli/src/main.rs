@@ -117,6 +117,7 @@ fn dispatch(command: &Command) -> Result<()> {
     match command {
         Command::Devinfo(args) => devinfo::run(args),
         Command::Pingpong(args) => pingpong::run(args),
+        Command::Perf(args) if args.is_net() => perf_net::run(args),
         Command::Perf(args) => perf::run(args),
         Command::PerfPeer(args) => perf::run_peer(args),
         Command::PerfNetPeer(args) => perf_net::run_peer(args),

@@ -1292,11 +1292,17 @@ fn spawn_peer(port: u16, page: &std::fs::File, device: Option<&str>) -> Result<P
     Ok(PeerProcess { child })
 }
 
+impl Args {
+    /// `perf --net` (RoCE between two network namespaces; `perf_net` runs it).
+    pub fn is_net(&self) -> bool {
+        self.net && self.command.is_none()
+    }
+}
+
 pub fn run(args: &Args) -> Result<()> {
     match &args.command {
         Some(PerfCommand::CqPoll(args)) => return crate::perf_cq::run(args),
         Some(PerfCommand::Noncontig(args)) => return crate::perf_noncontig::run(args),
-        None if args.net => return crate::perf_net::run(args),
         None => {}
     }
     let plan = Plan::new(args)?;

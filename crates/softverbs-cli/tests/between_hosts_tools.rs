@@ -681,11 +681,9 @@ fn one_percent_loss_each_way_is_recovered() {
 }
 
 /// The engine's capture of an `ibv_rc_pingpong` over the link-local IPv6 GIDs (index 0):
-/// clean RoCEv2, like the IPv4 ones. Fails: the engine writes every packet it *received*
-/// over IPv6 with UDP checksum 0 (illegal in IPv6; on the wire the checksum is there),
-/// which tshark reports as an error. Sent packets carry their checksum.
+/// clean RoCEv2, like the IPv4 ones (packets it received included: IPv6 forbids a zero UDP
+/// checksum, so the engine computes the one the wire carried when it captures).
 #[test]
-#[ignore = "softverbs-nic engine capture: received IPv6 packets are written with UDP checksum 0"]
 fn capture_over_link_local_ipv6_is_clean_roce() {
     let Some(s) = setup("link-local capture", &["ibv_rc_pingpong"]) else {
         return;

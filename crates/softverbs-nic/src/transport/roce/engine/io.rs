@@ -77,8 +77,10 @@ impl Socket {
     }
 
     /// Receives one datagram into `buf[HEADROOM..]` and puts back the headers before it;
-    /// returns the datagram's start and end in `buf`. `None` when nothing is waiting.
-    pub(crate) fn recv(&self, buf: &mut [u8]) -> Option<(usize, usize)> {
+    /// returns the datagram's start and end in `buf`. `None` when nothing is waiting. With
+    /// `checksummed`, an IPv6 datagram's UDP checksum is computed too (IPv6 forbids a zero
+    /// one, and a capture must show what was on the wire; the ICRC does not cover it).
+    pub(crate) fn recv(&self, buf: &mut [u8], checksummed: bool) -> Option<(usize, usize)> {
         loop {
             let (n, from) = match self.sock.recv_from(&mut buf[HEADROOM..]) {
                 Ok(x) => x,
@@ -104,7 +106,11 @@ impl Socket {
                 dst_port: ROCE_PORT,
             };
             let (head, rest) = buf[start..].split_at_mut(ip.len());
-            if ip.emit(UdpRepr::LEN + n, head).is_err() || udp.emit(&ip, n, false, rest).is_err() {
+            if ip.emit(UdpRepr::LEN + n, head).is_err()
+                || udp
+                    .emit(&ip, n, checksummed && ip.len() == 40, rest)
+                    .is_err()
+            {
                 continue;
             }
             return Some((start, HEADROOM + n));

@@ -739,7 +739,8 @@ impl Engine {
         let mut any = false;
         for s in 0..self.socks.len() {
             for _ in 0..BATCH {
-                let Some((start, end)) = self.socks[s].recv(&mut self.rx) else {
+                let capturing = self.capture.is_some();
+                let Some((start, end)) = self.socks[s].recv(&mut self.rx, capturing) else {
                     break;
                 };
                 any = true;
@@ -853,11 +854,14 @@ impl Engine {
             if let Some(c) = &mut self.capture {
                 c.record(&d);
             }
-            let sock = self
-                .socks
-                .iter()
-                .find(|s| s.addr.is_ipv4() == dst.is_ipv4())
-                .or(self.socks.first());
+            // The socket of the address the datagram says it is from (the ICRC covers it,
+            // and a link-local socket must not send what a global address signed).
+            let src = datagram_source(&d);
+            let sock = self.socks.iter().find(|s| Some(s.addr) == src).or_else(|| {
+                self.socks
+                    .iter()
+                    .find(|s| s.addr.is_ipv4() == dst.is_ipv4())
+            });
             if !sock.is_some_and(|s| s.send(dst, self.ifindex, &d)) {
                 self.totals.send_failures += 1;
             }
@@ -1053,6 +1057,15 @@ impl Engine {
             let _ = writeln!(s, "{line}");
         }
         s
+    }
+}
+
+/// The source address in the IP header at the start of `d`.
+fn datagram_source(d: &[u8]) -> Option<IpAddr> {
+    match d.first()? >> 4 {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(d.get(12..16)?).ok()?)),
+        6 => Some(IpAddr::from(<[u8; 16]>::try_from(d.get(8..24)?).ok()?)),
+        _ => None,
     }
 }
 
