@@ -499,6 +499,18 @@ fn a_waiting_tool_is_reported_with_its_threads_cq_and_stack() {
     while !listening(port.parse().unwrap()) && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(10));
     }
+    // The port may be another test's for a moment (ports are picked free, then bound): look
+    // until the tool itself shows up in the report, for as long as it may take to start.
+    let tool_waits = || {
+        group(server.id()).into_iter().any(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+            comm.trim() == "ibv_rc_pingpong" && wchan.contains("accept")
+        })
+    };
+    while !tool_waits() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let report = diagnose(&[("server", &server)]);
     let out = text(&kill(server));
     assert!(report.contains("--- server: process"), "{report}\n{out}");
