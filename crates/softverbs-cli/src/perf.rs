@@ -1349,7 +1349,7 @@ pub fn run(args: &Args) -> Result<()> {
             done.store(true, Ordering::Relaxed);
             r
         })
-        .map_err(|e| explain(e, &mut link))
+        .map_err(|e| explain(e, &mut link, "the peer process"))
         .and_then(|()| {
             send(&mut link, &Msg::Quit)?;
             peer.finish()
@@ -1386,9 +1386,9 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 /// Turns "the peer stopped" into the peer's own reason when it gave one.
-fn explain(err: crate::Error, link: &mut TcpLink) -> crate::Error {
+pub(crate) fn explain(err: crate::Error, link: &mut TcpLink, who: &str) -> crate::Error {
     if err.is::<PeerError>() {
-        return format!("the peer process failed: {err}").into();
+        return format!("{who} failed: {err}").into();
     }
     if !err.is::<PeerFailed>() {
         return err;
@@ -1396,11 +1396,11 @@ fn explain(err: crate::Error, link: &mut TcpLink) -> crate::Error {
     for _ in 0..4 {
         match recv(link) {
             Ok(_) => continue,
-            Err(e) if e.is::<PeerError>() => return format!("the peer process failed: {e}").into(),
+            Err(e) if e.is::<PeerError>() => return format!("{who} failed: {e}").into(),
             Err(_) => break,
         }
     }
-    "the peer process closed the connection without saying why (did it crash?)".into()
+    format!("{who} closed the connection without saying why (did it crash?)").into()
 }
 
 /// Runs every measurement in order, filling `report` as figures come in.

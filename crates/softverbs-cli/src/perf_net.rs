@@ -620,7 +620,7 @@ fn measure_end(args: &NetPeerArgs, plan: &Plan) -> Result<()> {
     let result = watched(&mut link, &guard, |link| {
         measure(link, args, plan, &guard, &watchdog, &mut report)
     })
-    .map_err(|e| explain(e, &mut link));
+    .map_err(|e| perf::explain(e, &mut link, "the serving end"));
     if let Err(e) = &result {
         let phase = watchdog.current_phase();
         let msg = e.to_string();
@@ -637,24 +637,6 @@ fn measure_end(args: &NetPeerArgs, plan: &Plan) -> Result<()> {
     report.ok = result.is_ok();
     let _ = send(&mut link, &Msg::Quit);
     crate::write_stdout(&(serde_json::to_string(&report)? + "\n"))
-}
-
-/// Turns "the peer stopped" into the peer's own reason when it gave one.
-fn explain(err: crate::Error, link: &mut TcpLink) -> crate::Error {
-    if err.is::<PeerError>() {
-        return format!("the serving end failed: {err}").into();
-    }
-    if !err.is::<PeerFailed>() {
-        return err;
-    }
-    for _ in 0..4 {
-        match recv(link) {
-            Ok(_) => continue,
-            Err(e) if e.is::<PeerError>() => return format!("the serving end failed: {e}").into(),
-            Err(_) => break,
-        }
-    }
-    "the serving end closed the connection without saying why (did it crash?)".into()
 }
 
 /// The device named on the command line (else the first) and this end's route: the index

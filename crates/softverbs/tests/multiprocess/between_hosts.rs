@@ -14,21 +14,25 @@ use std::time::{Duration, Instant};
 #[allow(dead_code)]
 mod netns;
 
+/// Whether test `name` runs here: not inside the run the suite test starts nor in a peer,
+/// and only as root (else skipped with a message; a failure under `CI=true`). It then holds
+/// the harness alone: these runs busy-poll on both hosts, and no other test may compete.
+fn hosts_test(name: &str) -> Option<crate::harness::ExclusivePass> {
+    if std::env::var_os(PEER_NETNS_ENV).is_some() || std::env::var_os(ROLE_ENV).is_some() {
+        return None;
+    }
+    netns::available_for_test(name).then(exclusive)
+}
+
 /// The whole suite between hosts must end well within this.
 const LIMIT: Duration = Duration::from_secs(600);
 
 #[test]
 fn every_multiprocess_test_passes_between_two_network_namespaces() {
     const T: &str = "multiprocess between hosts";
-    // Not inside the run this test starts, nor in a peer.
-    if std::env::var_os(PEER_NETNS_ENV).is_some() || std::env::var_os(ROLE_ENV).is_some() {
+    let Some(_alone) = hosts_test(T) else {
         return;
-    }
-    if !netns::available_for_test(T) {
-        return;
-    }
-    // Alone: these runs busy-poll on both hosts, and no other test may compete.
-    let _alone = exclusive();
+    };
     let net = netns::NetPair::new(&netns::NetConfig::default()).expect("make the namespaces");
     let (a, b) = (net.a(), net.b());
     let exe = std::env::current_exe().expect("current_exe");
@@ -283,14 +287,9 @@ peer!(peer_attacker, |p| {
 #[test]
 fn forged_packets_from_a_third_host_are_dropped_and_counted_and_harm_nothing() {
     const T: &str = "spoofed packets";
-    if std::env::var_os(PEER_NETNS_ENV).is_some() || std::env::var_os(ROLE_ENV).is_some() {
+    let Some(_alone) = hosts_test(T) else {
         return;
-    }
-    if !netns::available_for_test(T) {
-        return;
-    }
-    // Alone: these runs busy-poll on both hosts, and no other test may compete.
-    let _alone = exclusive();
+    };
     let net = netns::NetPair::new(&netns::NetConfig {
         attacker: true,
         ..netns::NetConfig::default()
@@ -484,14 +483,9 @@ fn engine_pids(h: &netns::HostNs) -> Vec<u32> {
 fn a_peer_whose_link_or_engine_goes_away_fails_rc_with_retry_exceeded_in_time_and_a_new_engine_serves_new_qps()
  {
     const T: &str = "link down, engine killed";
-    if std::env::var_os(PEER_NETNS_ENV).is_some() || std::env::var_os(ROLE_ENV).is_some() {
+    let Some(_alone) = hosts_test(T) else {
         return;
-    }
-    if !netns::available_for_test(T) {
-        return;
-    }
-    // Alone: these runs busy-poll on both hosts, and no other test may compete.
-    let _alone = exclusive();
+    };
     let net = netns::NetPair::new(&netns::NetConfig::default()).expect("make the namespaces");
     let (a, b) = (net.a(), net.b());
     ipv4_only(&[a, b]);
