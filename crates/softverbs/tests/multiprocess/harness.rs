@@ -229,6 +229,10 @@ impl Msg {
     pub fn tag(&self) -> &str {
         self.line.split(' ').next().unwrap_or("")
     }
+    /// How many fields follow the tag.
+    pub fn len(&self) -> usize {
+        self.line.split(' ').count().saturating_sub(1)
+    }
     /// The whole line, to relay it to another peer.
     pub fn line(&self) -> &str {
         &self.line
