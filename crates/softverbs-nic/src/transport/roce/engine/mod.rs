@@ -11,13 +11,14 @@
 //! ring, places arriving data with every key checked ([`memory`]), answers ACKs and READs,
 //! and pushes completions into the owners' CQs.
 //!
-//! It is started by the first process that opens the device ([`start`]: a double fork, so it
-//! belongs to no one's process tree) and stops a moment after its last client leaves. A
-//! client's QPs go with its connection (a dead process's QPs are dropped, and their peers'
-//! requests go unanswered until they give up with `RETRY_EXC_ERR`); a client whose engine
-//! dies sees its connection close and errors out every QP it had on it. The engine spins
-//! while traffic flows and sleeps in `poll(2)` when it has been idle for a moment, with a
-//! doorbell that clients ring only while it sleeps.
+//! It is started by the first process that creates a QP on the device ([`start`]: the
+//! `softverbs engine` executable, in a process group of its own; [`serve`] is its body) and
+//! stops a moment after its last client leaves. A client's QPs go with its connection (a dead
+//! process's QPs are dropped, and their peers' requests go unanswered until they give up with
+//! `RETRY_EXC_ERR`); a client whose engine dies sees its connection close and errors out every
+//! QP it had on it. The engine sleeps in `poll(2)` when idle, with a doorbell that clients
+//! ring only while it sleeps, and spins a while after work only on machines with cores to
+//! spare.
 
 pub(crate) mod io;
 pub(crate) mod memory;
