@@ -1237,19 +1237,8 @@ impl PeerProcess {
         ended + &self.stderr_tail()
     }
 
-    /// The last lines of the peer's standard error (once it has exited), as "; the peer
-    /// process said: ...", or nothing.
     fn stderr_tail(&mut self) -> String {
-        let mut text = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut text);
-        }
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        if lines.is_empty() {
-            return String::new();
-        }
-        let tail = lines[lines.len().saturating_sub(6)..].join(" | ");
-        format!("; the peer process said: {tail}")
+        stderr_tail(&mut self.child, "the peer process")
     }
 }
 
@@ -1386,6 +1375,36 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 /// Turns "the peer stopped" into the peer's own reason when it gave one.
+/// The last lines of `child`'s standard error (once it has exited), as "; WHO said: ...", or
+/// nothing.
+pub(crate) fn stderr_tail(child: &mut Child, who: &str) -> String {
+    let mut text = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut text);
+    }
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail = lines[lines.len().saturating_sub(6)..].join(" | ");
+    format!("; {who} said: {tail}")
+}
+
+/// Tells the other end why this one failed, unless the failure came from the other end.
+pub(crate) fn tell_peer<T>(link: &mut TcpLink, result: &Result<T>) {
+    if let Err(e) = result
+        && !e.is::<PeerError>()
+        && !e.is::<PeerFailed>()
+    {
+        let _ = send(
+            link,
+            &Msg::Error {
+                error: e.to_string(),
+            },
+        );
+    }
+}
+
 pub(crate) fn explain(err: crate::Error, link: &mut TcpLink, who: &str) -> crate::Error {
     if err.is::<PeerError>() {
         return format!("{who} failed: {err}").into();
@@ -1630,16 +1649,7 @@ pub fn run_peer(args: &PeerArgs) -> Result<()> {
         done.store(true, Ordering::Relaxed);
         r
     });
-    if let Err(e) = &result {
-        if !e.is::<PeerError>() && !e.is::<PeerFailed>() {
-            let _ = send(
-                &mut link,
-                &Msg::Error {
-                    error: e.to_string(),
-                },
-            );
-        }
-    }
+    tell_peer(&mut link, &result);
     result
 }
 

@@ -23,7 +23,7 @@
 //! says why the RDMA figures are missing (`"ok": false`).
 
 use crate::Result;
-use crate::oob::{PeerError, PeerFailed, TcpLink, watch_for_failure};
+use crate::oob::{PeerFailed, TcpLink, watch_for_failure};
 use crate::perf::{
     self, Args, BW_SIZES, BW_TIME_CAP, BwRun, Guard, LAT_SIZE, LINK_TIMEOUT, Latency, Msg, Plan,
     RdmaFigures, Route, START_TIMEOUT, WATCH_EVERY, Watchdog, expect, ns, recv, send, size_text,
@@ -32,7 +32,7 @@ use crate::report::print_report;
 use serde::{Deserialize, Serialize};
 use softverbs::{Device, Gid};
 use softverbs_cli::netns::{self, HostNs, NetConfig, NetPair};
-use std::io::{BufRead, BufReader, ErrorKind, IoSlice, Read};
+use std::io::{BufRead, BufReader, ErrorKind, IoSlice};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
@@ -345,19 +345,7 @@ struct End {
 
 impl End {
     fn stderr_tail(&mut self) -> String {
-        let mut text = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut text);
-        }
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        if lines.is_empty() {
-            return String::new();
-        }
-        format!(
-            "; the {} end said: {}",
-            self.name,
-            lines[lines.len().saturating_sub(6)..].join(" | ")
-        )
+        perf::stderr_tail(&mut self.child, &format!("the {} end", self.name))
     }
 
     /// Kills it if it runs; how it ended and what it said, for an error message.
@@ -898,16 +886,7 @@ fn serve_end(args: &NetPeerArgs) -> Result<()> {
             }
         }
     });
-    if let Err(e) = &result {
-        if !e.is::<PeerError>() && !e.is::<PeerFailed>() {
-            let _ = send(
-                &mut link,
-                &Msg::Error {
-                    error: e.to_string(),
-                },
-            );
-        }
-    }
+    perf::tell_peer(&mut link, &result);
     result
 }
 

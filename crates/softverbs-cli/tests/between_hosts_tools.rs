@@ -20,6 +20,8 @@
 //! wait is bounded; a failure prints both sides' output and `softverbs nic` of both hosts.
 //! The tests take turns (the tools busy-poll; two cores do not run several pairs well).
 
+mod support;
+
 use softverbs_cli::capture::{self, Dissection};
 use softverbs_cli::netns::{HostNs, NetConfig, NetPair, available_for_test};
 use std::os::unix::process::CommandExt;
@@ -27,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use support::{have_tools, show};
 
 const SOFTVERBS: &str = env!("CARGO_BIN_EXE_softverbs");
 /// The longest any one tool may run.
@@ -37,39 +40,6 @@ const LISTEN_LIMIT: Duration = Duration::from_secs(10);
 /// keep each run around a second.
 const PERFTEST_ITERS: &str = "200";
 
-fn ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
-}
-
-fn find_in_path(tool: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(tool))
-        .find(|p| p.is_file())
-}
-
-/// True if `tools` and the drop-in library are there; otherwise prints why the test is
-/// skipped (or panics under CI).
-fn have(test: &str, tools: &[&str]) -> bool {
-    let exe = PathBuf::from(SOFTVERBS);
-    let lib = exe.with_file_name("libibverbs.so");
-    let in_deps = exe.with_file_name("deps").join("libibverbs.so");
-    let mut missing: Vec<String> = tools
-        .iter()
-        .filter(|t| find_in_path(t).is_none())
-        .map(|t| format!("`{t}` (apt-get install ibverbs-utils perftest)"))
-        .collect();
-    if !lib.is_file() && !in_deps.is_file() && std::env::var_os("SOFTVERBS_IBVERBS_LIB").is_none() {
-        missing.push(format!("{} (cargo build --workspace)", lib.display()));
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!("{test}: missing {}", missing.join(", "));
-    assert!(!ci(), "{msg} (CI=true: not skipping)");
-    eprintln!("SKIPPED: {msg}");
-    false
-}
-
 /// One test at a time (see the module docs), and its two hosts.
 struct Setup {
     _turn: MutexGuard<'static, ()>,
@@ -79,7 +49,7 @@ struct Setup {
 }
 
 fn setup(test: &str, tools: &[&str]) -> Option<Setup> {
-    if !available_for_test(test) || !have(test, tools) {
+    if !available_for_test(test) || !have_tools(test, tools) {
         return None;
     }
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -120,15 +90,6 @@ fn ipv4_gid_index(h: &HostNs) -> String {
         .and_then(|l| l.split(']').next())
         .map(|i| i.trim().to_owned());
     mapped.unwrap_or_else(|| panic!("no IPv4-mapped GID on {}: {text}", h.ifname))
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn spawn(cmd: &mut Command) -> Child {

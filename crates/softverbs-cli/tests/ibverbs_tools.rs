@@ -5,45 +5,13 @@
 //! A missing tool or a missing drop-in library (`cargo build -p softverbs-ibverbs`) skips a
 //! test with a printed reason, except under `CI=true`, where it fails.
 
+mod support;
+
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
-}
-
-/// True if the test can go on; otherwise prints why it is skipped (or panics under CI).
-fn have(tools: &[&str]) -> bool {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_softverbs"));
-    let lib = exe.with_file_name("libibverbs.so");
-    let in_deps = exe.with_file_name("deps").join("libibverbs.so");
-    let mut missing: Vec<String> = tools
-        .iter()
-        .filter(|t| find_in_path(t).is_none())
-        .map(|t| format!("`{t}` (apt-get install ibverbs-utils perftest)"))
-        .collect();
-    if !lib.is_file() && !in_deps.is_file() && std::env::var_os("SOFTVERBS_IBVERBS_LIB").is_none() {
-        missing.push(format!(
-            "{} (cargo build -p softverbs-ibverbs)",
-            lib.display()
-        ));
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!("missing {}", missing.join(", "));
-    assert!(!ci(), "{msg} (CI=true: not skipping)");
-    eprintln!("SKIPPED: {msg}");
-    false
-}
-
-fn find_in_path(tool: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(tool))
-        .find(|p| p.is_file())
-}
+use support::{find_in_path, have_tools, show};
 
 fn softverbs_run(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_softverbs"));
@@ -56,22 +24,13 @@ fn output(mut cmd: Command) -> Output {
     cmd.output().expect("run softverbs")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 #[test]
 fn run_exits_with_the_command_status() {
-    if !have(&["sh"]) {
+    if !have_tools(module_path!(), &["sh"]) {
         return;
     }
     let o = output(softverbs_run(&["sh", "-c", "exit 7"]));
-    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(7), "{}", show(&o));
     let o = output(softverbs_run(&["sh", "-c", "echo \"$LD_LIBRARY_PATH\""]));
     let out = String::from_utf8_lossy(&o.stdout);
     let first = out.split(':').next().unwrap_or_default().trim();
@@ -83,11 +42,11 @@ fn run_exits_with_the_command_status() {
 
 #[test]
 fn ibv_devices_lists_the_software_device() {
-    if !have(&["ibv_devices"]) {
+    if !have_tools(module_path!(), &["ibv_devices"]) {
         return;
     }
     let o = output(softverbs_run(&["ibv_devices"]));
-    let t = text(&o);
+    let t = show(&o);
     assert!(o.status.success(), "{t}");
     assert!(
         t.contains("softverbs0") && t.contains("025056fffe000001"),
@@ -97,14 +56,14 @@ fn ibv_devices_lists_the_software_device() {
 
 #[test]
 fn ibv_devinfo_shows_the_port_active() {
-    if !have(&["ibv_devinfo"]) {
+    if !have_tools(module_path!(), &["ibv_devinfo"]) {
         return;
     }
     let mut cmd = softverbs_run(&["ibv_devinfo", "-v"]);
     // Every symbol the tool imports must resolve at load time.
     cmd.env("LD_BIND_NOW", "1");
     let o = output(cmd);
-    let t = text(&o);
+    let t = show(&o);
     assert!(o.status.success(), "{t}");
     for want in [
         "hca_id:\tsoftverbs0",
@@ -121,13 +80,13 @@ fn ibv_devinfo_shows_the_port_active() {
 
 #[test]
 fn ibv_devices_follows_softverbs_devices() {
-    if !have(&["ibv_devices"]) {
+    if !have_tools(module_path!(), &["ibv_devices"]) {
         return;
     }
     let mut cmd = softverbs_run(&["ibv_devices"]);
     cmd.env("SOFTVERBS_DEVICES", "name=first;name=second,link=ib");
     let o = output(cmd);
-    let t = text(&o);
+    let t = show(&o);
     assert!(o.status.success(), "{t}");
     assert!(t.contains("first") && t.contains("second"), "{t}");
 }
@@ -270,7 +229,7 @@ fn perftest_all_sizes(tool: &str) {
 /// Server and client of `tool` with GID index 0 (`gid_flag 0`: RoCE needs a GRH), on a free
 /// TCP port; both must exit 0 and the client's output must contain `expect`.
 fn pair(tool: &str, gid_flag: &str, extra: &[&str], expect: &str) {
-    if !have(&[tool]) {
+    if !have_tools(module_path!(), &[tool]) {
         return;
     }
     // One pair at a time: the tools busy-poll, and several pairs on a small machine starve
@@ -313,7 +272,7 @@ fn pair(tool: &str, gid_flag: &str, extra: &[&str], expect: &str) {
             kill(server)
         }
     };
-    let (c, s) = (text(&client), text(&server));
+    let (c, s) = (show(&client), show(&server));
     if !hung.is_empty() {
         hung = format!("\n=== the pair hung; what its processes were doing:\n{hung}");
     }
@@ -358,7 +317,7 @@ fn ibv_uc_pingpong_default() {
 #[test]
 fn perftest_loads_with_every_symbol_bound() {
     // perftest links libmlx5/libefa, which import IBVERBS_PRIVATE_34 symbols.
-    if !have(&["ib_write_lat"]) {
+    if !have_tools(module_path!(), &["ib_write_lat"]) {
         eprintln!("(ib_write_lat comes with `apt-get install perftest`)");
         return;
     }
@@ -366,7 +325,7 @@ fn perftest_loads_with_every_symbol_bound() {
     cmd.env("LD_BIND_NOW", "1");
     // The exit status of `--help` varies between perftest versions; loading is the point.
     let o = output(cmd);
-    let t = text(&o);
+    let t = show(&o);
     assert!(t.contains("Usage:"), "{t}");
     assert!(!t.contains("symbol lookup error"), "{t}");
 }
@@ -485,7 +444,7 @@ fn ibv_rc_pingpong_events_and_timestamps() {
 /// gdb is installed, its stack.
 #[test]
 fn a_waiting_tool_is_reported_with_its_threads_cq_and_stack() {
-    if !have(&["ibv_rc_pingpong"]) {
+    if !have_tools(module_path!(), &["ibv_rc_pingpong"]) {
         return;
     }
     let port = free_port().to_string();
@@ -512,7 +471,7 @@ fn a_waiting_tool_is_reported_with_its_threads_cq_and_stack() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let report = diagnose(&[("server", &server)]);
-    let out = text(&kill(server));
+    let out = show(&kill(server));
     assert!(report.contains("--- server: process"), "{report}\n{out}");
     // The tool itself (under `softverbs run`), asleep in accept(2), holding its CQ.
     assert!(

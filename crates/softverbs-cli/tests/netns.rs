@@ -9,18 +9,12 @@ use softverbs_cli::netns::{
     Host, HostNs, NetConfig, NetPair, available_for_test, namespace_exists,
 };
 use std::process::Output;
+use support::show;
+
+mod support;
 
 fn ok(o: &Output) -> bool {
     o.status.success()
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// One ping from `from` to `to` (an address), waiting at most a second.

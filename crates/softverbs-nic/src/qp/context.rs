@@ -9,7 +9,7 @@
 
 use crate::device_memory::export::Export;
 use crate::device_memory::segment::ShmPlain;
-use crate::types::QpType;
+use crate::types::{QpState, QpType};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 const CTX_MAGIC: u32 = 0x5150_4358; // "QPCX"
@@ -61,6 +61,18 @@ impl QpCtx {
         self.owner_pid.store(std::process::id(), Ordering::Relaxed);
         self.version.store(CTX_VERSION, Ordering::Relaxed);
         self.magic.store(CTX_MAGIC, Ordering::Release);
+    }
+
+    /// Moves the QP to ERR unless it is in ERR or RESET already, or destroyed: the one state
+    /// change that any party (the owner, a peer's requester, the host engine) may make
+    /// without the owner's send lock. True if it moved.
+    pub(crate) fn move_to_err(&self) -> bool {
+        self.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (s != QpState::Err as u32 && s != QpState::Reset as u32 && s != DESTROYED)
+                    .then_some(QpState::Err as u32)
+            })
+            .is_ok()
     }
 
     /// True if this is a context of this format, published for QP `qpn` (read from a peer's

@@ -453,15 +453,7 @@ impl Qp {
     /// access or invalid-request error, or a completion lost to CQ overrun. Safe to call
     /// with or without the send lock; the flush runs on the progress thread.
     pub(crate) fn responder_error(&self, kind: Option<AsyncEventType>) {
-        let moved = self
-            .ctx()
-            .state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (s != QpState::Err as u32 && s != QpState::Reset as u32)
-                    .then_some(QpState::Err as u32)
-            })
-            .is_ok();
-        if moved {
+        if self.ctx().move_to_err() {
             if let Some(k) = kind {
                 self.event(k);
             }
@@ -473,15 +465,7 @@ impl Qp {
     /// goes to ERR, and everything it had handed over or posted completes with a flush.
     pub(crate) fn offload_lost(&self) {
         let mut st = lock(&self.send);
-        let moved = self
-            .ctx()
-            .state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (s != QpState::Err as u32 && s != QpState::Reset as u32 && s != DESTROYED)
-                    .then_some(QpState::Err as u32)
-            })
-            .is_ok();
-        if !moved {
+        if !self.ctx().move_to_err() {
             return;
         }
         if let Some(o) = &self.offload {

@@ -388,15 +388,7 @@ impl Responder for RemoteQp {
     /// The responder side of an error: the owner's QP goes to ERR, its posted receives are
     /// flushed (here: nothing in the owner needs to run), and it gets `event`.
     fn responder_error(&self, event: Option<AsyncEventType>) {
-        let moved = self
-            .ctx()
-            .state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (s != QpState::Err as u32 && s != QpState::Reset as u32 && s != DESTROYED)
-                    .then_some(QpState::Err as u32)
-            })
-            .is_ok();
-        if !moved {
+        if !self.ctx().move_to_err() {
             return;
         }
         if let Some(kind) = event {

@@ -22,6 +22,18 @@ pub(crate) const ROCE_PORT: u16 = 4791;
 /// Room in front of a received payload for the headers put back: IPv6 and UDP.
 pub(crate) const HEADROOM: usize = 48;
 
+/// Port 4791 of `addr`; a link-local IPv6 address is scoped to interface `ifindex`.
+fn roce_addr(addr: IpAddr, ifindex: u32) -> SocketAddr {
+    match addr {
+        IpAddr::V4(a) => SocketAddr::from((a, ROCE_PORT)),
+        IpAddr::V6(a) => {
+            let link_local = a.segments()[0] & 0xffc0 == 0xfe80;
+            let scope = if link_local { ifindex } else { 0 };
+            SocketAddr::V6(SocketAddrV6::new(a, ROCE_PORT, 0, scope))
+        }
+    }
+}
+
 /// One address's socket.
 pub(crate) struct Socket {
     pub(crate) addr: IpAddr,
@@ -31,18 +43,7 @@ pub(crate) struct Socket {
 impl Socket {
     /// Binds UDP port 4791 of `addr` (link-local IPv6 addresses on interface `ifindex`).
     pub(crate) fn bind(addr: IpAddr, ifindex: u32) -> std::io::Result<Socket> {
-        let sa = match addr {
-            IpAddr::V4(a) => SocketAddr::from((a, ROCE_PORT)),
-            IpAddr::V6(a) => {
-                let scope = if a.segments()[0] & 0xffc0 == 0xfe80 {
-                    ifindex
-                } else {
-                    0
-                };
-                SocketAddr::V6(SocketAddrV6::new(a, ROCE_PORT, 0, scope))
-            }
-        };
-        let sock = UdpSocket::bind(sa)?;
+        let sock = UdpSocket::bind(roce_addr(addr, ifindex))?;
         sock.set_nonblocking(true)?;
         if addr.is_ipv4() {
             // Don't fragment: RoCE packets fit the path MTU, and Linux gives such datagrams of
@@ -128,17 +129,7 @@ impl Socket {
         let Some(payload) = datagram.get(skip..) else {
             return false;
         };
-        let to = match dst {
-            IpAddr::V4(a) => SocketAddr::from((a, ROCE_PORT)),
-            IpAddr::V6(a) => {
-                let scope = if a.segments()[0] & 0xffc0 == 0xfe80 {
-                    ifindex
-                } else {
-                    0
-                };
-                SocketAddr::V6(SocketAddrV6::new(a, ROCE_PORT, 0, scope))
-            }
-        };
+        let to = roce_addr(dst, ifindex);
         loop {
             match self.sock.send_to(payload, to) {
                 Ok(_) => return true,
