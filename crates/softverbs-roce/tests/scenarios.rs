@@ -179,6 +179,8 @@ fn sends_of_every_size_arrive_whole_and_complete_both_sides() {
             (c.wr_id, c.status, c.opcode, c.byte_len),
             (100 + i as u64, WcStatus::Success, WcOpcode::Recv, n)
         );
+        // RC packets carry no source QP; the receiver's completion names its peer.
+        assert_eq!(c.src_qp, QA, "the sender's QP");
         assert_eq!(p.bytes(p.b, 1, i * 8192, n as usize), data[..n as usize]);
     }
     assert_eq!(

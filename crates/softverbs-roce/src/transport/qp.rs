@@ -52,7 +52,12 @@ impl Shared {
             imm: None,
             invalidated: None,
             qpn: self.cfg.qpn,
-            src_qp: 0,
+            // RC and UC packets carry no source QP: a connected QP's messages are from its
+            // peer (UD's come with a DETH, which the responder copies in).
+            src_qp: match (is_recv, self.cfg.peer) {
+                (true, Some((_, peer))) => peer,
+                _ => 0,
+            },
             is_recv,
             grh: false,
             solicited: false,

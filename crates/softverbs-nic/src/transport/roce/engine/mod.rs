@@ -951,11 +951,6 @@ impl Engine {
 
     fn complete_recv(&mut self, qpn: u32, c: &Completion) {
         let Some(q) = self.qps.get(&qpn) else { return };
-        // RC and UC packets carry no source QP (only UD's DETH does): the sender is the peer.
-        let src_qp = match self.ep.qp(qpn).and_then(|c| c.config().peer) {
-            Some((_, peer)) if c.src_qp == 0 => peer,
-            _ => c.src_qp,
-        };
         let mut flags = WcFlags::empty();
         if c.imm.is_some() {
             flags |= WcFlags::WITH_IMM;
@@ -970,7 +965,7 @@ impl Engine {
             byte_len: c.byte_len,
             imm_data: c.imm.map_or(0, imm_from_wire),
             qp_num: qpn,
-            src_qp,
+            src_qp: c.src_qp,
             wc_flags: flags.bits() as u8,
             solicited: u8::from(c.solicited),
             ..Cqe::default()
