@@ -834,7 +834,7 @@ pub fn run(args: &Args) -> Result<()> {
     let report = Report {
         device: device.name().into(),
         quick: args.quick,
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpus: crate::perf::cpus(),
         per_fill: PER_FILL,
         fills,
         statistic: "median over fills of drain time / completions per fill",

@@ -218,6 +218,9 @@ struct NetReport {
     rdma_write_latency: Option<NetLatencyFigure>,
     send_latency: Option<NetLatencyFigure>,
     rdma_write_bandwidth: Vec<NetBandwidthFigure>,
+    /// True if the bandwidth test's writer slept on a completion channel rather than
+    /// busy-polled its CQ (see `perf::net_writer_sleeps`).
+    bandwidth_writer_sleeps: bool,
 }
 
 fn star(met: bool) -> &'static str {
@@ -271,14 +274,19 @@ impl NetReport {
             let _ = writeln!(
                 t,
                 "  RDMA WRITE {} bandwidth: {:.3} GB/s (UDP stream {:.3} GB/s, {:.2}x{}); {} \
-                 writes in {:.3} s",
+                 writes in {:.3} s{}",
                 size_text(f.size),
                 f.gb_s,
                 f.baseline_gb_s,
                 f.ratio,
                 star(f.met),
                 f.writes,
-                f.seconds
+                f.seconds,
+                if self.bandwidth_writer_sleeps {
+                    ", the writer sleeping on a completion channel"
+                } else {
+                    ""
+                }
             );
             let each: Vec<String> = f
                 .vs_streams
@@ -601,8 +609,9 @@ fn measure_end(args: &NetPeerArgs, plan: &Plan) -> Result<()> {
         mode: args.mode.clone(),
         mtu: args.mtu,
         quick: args.quick,
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpus: crate::perf::cpus(),
         pids: [std::process::id(), 0],
+        bandwidth_writer_sleeps: crate::perf::net_writer_sleeps(),
         ..NetReport::default()
     };
     let result = watched(&mut link, &guard, |link| {

@@ -544,7 +544,7 @@ pub fn run(args: &Args) -> Result<()> {
     let report = Report {
         device: device.name().into(),
         quick: args.quick,
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpus: crate::perf::cpus(),
         max_sge,
         column: COLUMN,
         cell_bytes: CELL,
