@@ -1,0 +1,285 @@
+//! The implemented verbs. Each `sv_<name>` is bound to `<name>@@IBVERBS_<v>` by `build.rs`.
+//!
+//! This module holds the C objects' wrappers and the registries every area shares; the
+//! calls are in one file per area: `device` (listing, opening, queries, GIDs), `mr`, `cq`,
+//! `qp`, `post` (the data path of `ibv_context::ops`), `qp_ex` (the `ibv_wr_*` API), `ah`,
+//! `srq`, `events` (asynchronous events) and `strings`.
+
+use crate::abi::*;
+use crate::set_errno;
+use core::ffi::{c_char, c_int, c_uint, c_void};
+use softverbs_nic::cq::{Channel, Cq, Cqe};
+use softverbs_nic::device::Context;
+use softverbs_nic::device::Device;
+use softverbs_nic::device::event::EventElement;
+use softverbs_nic::pd::{Mr, Pd};
+use softverbs_nic::qp::wr::{Payload, SendOp, SendWqe, UdDest};
+use softverbs_nic::qp::{Qp, QpAttr, QpCap, QpInit};
+use softverbs_nic::types::{
+    AccessFlags, AhAttr, GlobalRoute, LinkLayer, Mtu, QpAttrMask, QpState, QpType, SendFlags, Sge,
+    WrOpcode,
+};
+use softverbs_nic::{Error, Result};
+use std::borrow::Cow;
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::null_mut;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+const EINVAL: c_int = libc::EINVAL;
+
+/// One software device, at a stable address for the life of the process.
+#[repr(C)]
+struct SvDevice {
+    dev: ibv_device,
+    nic: Arc<Device>,
+    index: c_int,
+}
+
+#[repr(C)]
+struct SvContext {
+    vctx: verbs_context,
+    nic: Arc<Context>,
+    /// The C objects of this context, so an async event names the pointer the program holds.
+    reg: Arc<Registry>,
+    /// `async_fd`: the event doorbell reopened as its own open file description (see
+    /// [`reopen_blocking`]); None if that failed and `async_fd` is the NIC's.
+    async_own_fd: Option<OwnedFd>,
+}
+
+/// The C objects of a context by NIC id (QP number, CQ id, SRQ id). Each object holds the
+/// registry too, so destroying it after its context was closed is still safe.
+#[derive(Default)]
+struct Registry {
+    qps: Mutex<HashMap<u32, usize>>,
+    cqs: Mutex<HashMap<u32, usize>>,
+    srqs: Mutex<HashMap<u32, usize>>,
+}
+
+impl Registry {
+    /// Records `obj` under `id` in `map` (or forgets `id` when `obj` is 0).
+    fn set(map: &Mutex<HashMap<u32, usize>>, id: u32, obj: usize) {
+        let mut m = map.lock().unwrap_or_else(|e| e.into_inner());
+        if obj == 0 {
+            m.remove(&id);
+        } else {
+            m.insert(id, obj);
+        }
+    }
+}
+
+/// Opens the pipe behind `fd` again through `/proc/self/fd`, which makes a new open file
+/// description: blocking, whatever the NIC set on its own, so that `fcntl(F_SETFL,
+/// O_NONBLOCK)` by the program says whether the `ibv_get_*_event` calls on it wait.
+fn reopen_blocking(fd: c_int) -> Option<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).ok()?;
+    // SAFETY: a NUL-terminated path; O_NONBLOCK so opening a pipe end cannot wait.
+    let raw = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: `raw` is a descriptor we just opened and own.
+    let own = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: fcntl on our descriptor.
+    let fl = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    // SAFETY: as above.
+    if fl < 0 || unsafe { libc::fcntl(raw, libc::F_SETFL, fl & !libc::O_NONBLOCK) } < 0 {
+        return None;
+    }
+    Some(own)
+}
+
+/// False if the program set `O_NONBLOCK` on `fd`.
+fn blocking(fd: c_int) -> bool {
+    // SAFETY: fcntl F_GETFL on a descriptor number; a bad one just fails.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl < 0 || fl & libc::O_NONBLOCK == 0
+}
+
+#[repr(C)]
+struct SvPd {
+    pd: ibv_pd,
+    nic: Arc<Pd>,
+}
+
+#[repr(C)]
+struct SvMr {
+    mr: ibv_mr,
+    nic: Option<Mr>,
+    backing: Option<softverbs_nic::mr::keys::Backing>,
+}
+
+impl Drop for SvMr {
+    fn drop(&mut self) {
+        // Deregister the key first, then let go of the memfd it names.
+        drop(self.nic.take());
+        if let Some(b) = &self.backing {
+            crate::inplace::release(b);
+        }
+    }
+}
+
+#[repr(C)]
+struct SvChannel {
+    ch: ibv_comp_channel,
+    nic: Arc<Channel>,
+    /// `ch.fd`: the doorbell reopened as its own open file description, so the program's
+    /// `O_NONBLOCK` on it is its own (None if reopening failed and `ch.fd` is the NIC's).
+    own_fd: Option<OwnedFd>,
+}
+
+/// Every CQ is an `ibv_cq_ex` (its first fields are those of `ibv_cq`), so the plain and the
+/// extended API both work on any CQ.
+#[repr(C)]
+struct SvCq {
+    cqx: ibv_cq_ex,
+    /// The completion `start_poll`/`next_poll` took last, for the `read_*` entry points. The
+    /// caller owns the CQ between `start_poll` and `end_poll`, so no lock is needed.
+    cur: UnsafeCell<Cqe>,
+    nic: Arc<Cq>,
+    reg: Arc<Registry>,
+}
+
+#[repr(C)]
+struct SvAh {
+    ah: ibv_ah,
+    nic: Arc<softverbs_nic::pd::Ah>,
+}
+
+#[repr(C)]
+struct SvSrq {
+    srq: ibv_srq,
+    nic: Arc<softverbs_nic::qp::rq::Srq>,
+    reg: Arc<Registry>,
+}
+
+#[repr(C)]
+struct SvQp {
+    /// `qp_base` first, so the `ibv_qp *` and the `ibv_qp_ex *` are the same address.
+    qpx: ibv_qp_ex,
+    /// Work requests built by the `ibv_wr_*` API between `wr_start` and `wr_complete`.
+    batch: Mutex<Batch>,
+    nic: Arc<Qp>,
+    reg: Arc<Registry>,
+}
+
+impl SvContext {
+    /// Whether `ibv_get_async_event` waits: unless the program set `O_NONBLOCK` on
+    /// `async_fd`.
+    fn async_blocking(&self) -> bool {
+        self.async_own_fd.is_none() || blocking(self.vctx.context.async_fd)
+    }
+}
+
+/// Built once and never changed, so each `ibv_device` keeps its address for the process's life.
+static DEVICES: OnceLock<std::result::Result<Vec<SvDevice>, Error>> = OnceLock::new();
+
+fn devices() -> Result<&'static [SvDevice]> {
+    let list = DEVICES.get_or_init(|| {
+        let mut out = Vec::new();
+        for (i, nic) in Device::list()?.into_iter().enumerate() {
+            let mut dev = ibv_device {
+                _ops: _ibv_device_ops {
+                    _dummy1: None,
+                    _dummy2: None,
+                },
+                node_type: 1,      // IBV_NODE_CA
+                transport_type: 0, // IBV_TRANSPORT_IB
+                name: [0; 64],
+                dev_name: [0; 64],
+                dev_path: [0; 256],
+                ibdev_path: [0; 256],
+            };
+            copy_str(&mut dev.name, nic.name());
+            copy_str(&mut dev.dev_name, &format!("uverbs{i}"));
+            copy_str(
+                &mut dev.dev_path,
+                &format!("/sys/class/infiniband_verbs/uverbs{i}"),
+            );
+            copy_str(
+                &mut dev.ibdev_path,
+                &format!("/sys/class/infiniband/{}", nic.name()),
+            );
+            out.push(SvDevice {
+                dev,
+                nic,
+                index: i as c_int,
+            });
+        }
+        Ok(out)
+    });
+    list.as_deref().map_err(Clone::clone)
+}
+
+/// Copies `s` into a NUL-terminated C string buffer, truncating if needed.
+fn copy_str(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len() - 1);
+    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..n]) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
+}
+
+fn find_device(device: *const ibv_device) -> Option<&'static SvDevice> {
+    devices()
+        .ok()?
+        .iter()
+        .find(|d| std::ptr::eq(&d.dev, device))
+}
+
+/// The wrapper of a context this library opened.
+///
+/// # Safety
+/// `ctx` must come from [`sv_ibv_open_device`] and not be closed.
+unsafe fn ctx_of<'a>(ctx: *mut ibv_context) -> &'a SvContext {
+    let off = std::mem::offset_of!(verbs_context, context);
+    // SAFETY: the context is the `context` field of the `verbs_context` that starts an
+    // `SvContext` (repr(C), first field), so stepping back `off` bytes reaches it.
+    unsafe { &*((ctx as *mut u8).sub(off) as *const SvContext) }
+}
+
+/// Reports `e` the verbs way for calls that return the errno.
+fn rc(r: Result<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => e.errno(),
+    }
+}
+
+/// Reports `e` the verbs way for calls that return NULL and set errno.
+pub(crate) fn null<T>(e: Error) -> *mut T {
+    set_errno(e.errno());
+    null_mut()
+}
+
+pub(crate) fn inval<T>() -> *mut T {
+    set_errno(EINVAL);
+    null_mut()
+}
+
+mod ah;
+mod cq;
+mod device;
+mod events;
+mod mr;
+mod post;
+mod qp;
+mod qp_ex;
+mod srq;
+mod strings;
+
+use cq::*;
+use post::*;
+use qp::*;
+use qp_ex::*;
+
+pub(crate) use cq::with_live_cq;
+pub(crate) use device::with_live_ctx;
+pub(crate) use mr::{new_mr, nic_pd, with_live_mr};

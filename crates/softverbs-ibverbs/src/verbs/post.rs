@@ -1,0 +1,220 @@
+//! The data path reached through `ibv_context::ops`: posting sends and receives.
+
+use super::*;
+
+/// The SGE list of a work request.
+///
+/// # Safety
+/// `list` must point to `n` SGEs (or `n` is 0).
+pub(super) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>> {
+    if n < 0 || (n > 0 && list.is_null()) {
+        return Err(Error::InvalidArgument("num_sge/sg_list".into()));
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the caller's list has `n` entries.
+    let s = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    Ok(s.iter()
+        .map(|g| Sge {
+            addr: g.addr,
+            length: g.length,
+            lkey: g.lkey,
+        })
+        .collect())
+}
+
+/// Converts one `ibv_send_wr`.
+///
+/// # Safety
+/// `w` must be a valid send WR whose SGE list (and, for INLINE, the bytes it points at) is
+/// readable.
+pub(super) unsafe fn send_wqe(w: &ibv_send_wr) -> Result<SendWqe<'static>> {
+    let bad = |m: &str| Error::InvalidArgument(m.to_string());
+    let op = WrOpcode::from_raw(w.opcode as u32).ok_or_else(|| bad("unsupported opcode"))?;
+    // SAFETY: reading the union member the opcode selects.
+    let op = unsafe {
+        match op {
+            WrOpcode::Send => SendOp::Send,
+            WrOpcode::SendWithImm => SendOp::SendWithImm { imm: w.imm_data },
+            WrOpcode::RdmaWrite => SendOp::RdmaWrite {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+            },
+            WrOpcode::RdmaWriteWithImm => SendOp::RdmaWriteWithImm {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+                imm: w.imm_data,
+            },
+            WrOpcode::RdmaRead => SendOp::RdmaRead {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+            },
+            WrOpcode::AtomicCmpAndSwp => SendOp::CmpSwap {
+                remote_addr: w.wr.atomic.remote_addr,
+                rkey: w.wr.atomic.rkey,
+                compare: w.wr.atomic.compare_add,
+                swap: w.wr.atomic.swap,
+            },
+            WrOpcode::AtomicFetchAndAdd => SendOp::FetchAdd {
+                remote_addr: w.wr.atomic.remote_addr,
+                rkey: w.wr.atomic.rkey,
+                add: w.wr.atomic.compare_add,
+            },
+            // Memory windows are not implemented. Seed 002's IBV_WR_BIND_MR is
+            // IBV_WR_BIND_MW whose `bind_mw.mw` (where the seed's `mr_set_layout.mr` lies)
+            // is a layout container of ours (`ibv_wr_bind_mr` in softverbs/verbs_ext.h).
+            WrOpcode::BindMw => {
+                let mr = w._tail[0] as usize as *mut ibv_mr;
+                match with_live_mr(mr, |_, m| m.is_layout().then(|| m.key())) {
+                    Some(Some(key)) => SendOp::BindLayout { key },
+                    _ => return Err(bad("IBV_WR_BIND_MW without a layout container")),
+                }
+            }
+        }
+    };
+    let flags = SendFlags::from_bits_retain(w.send_flags);
+    // SAFETY: the caller's SGE list.
+    let list = unsafe { sges(w.sg_list, w.num_sge) }?;
+    let payload = if flags.contains(SendFlags::INLINE) {
+        let mut bytes = Vec::with_capacity(list.iter().map(|s| s.length as usize).sum());
+        for s in &list {
+            if s.length > 0 {
+                // SAFETY: with IBV_SEND_INLINE the SGE addresses are the caller's own
+                // readable buffers (no key involved), valid for the duration of the call.
+                bytes.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                });
+            }
+        }
+        Payload::Inline(Cow::Owned(bytes))
+    } else {
+        Payload::Sges(Cow::Owned(list))
+    };
+    Ok(SendWqe {
+        wr_id: w.wr_id,
+        op,
+        flags,
+        payload,
+        ud: None,
+    })
+}
+
+pub(super) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    if qp.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP of ours.
+    let sv = unsafe { &*(qp as *const SvQp) };
+    let mut ptrs = Vec::new();
+    let mut wqes = Vec::new();
+    let mut failed: Option<(usize, c_int)> = None;
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller's linked list of valid WRs.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        let conv = unsafe { send_wqe(w) }.and_then(|mut q| {
+            if sv.nic.qp_type() == QpType::Ud {
+                // SAFETY: a UD WR's `wr.ud` names an address handle of ours (or NULL).
+                let ud = unsafe { w.wr.ud };
+                if ud.ah.is_null() {
+                    return Err(Error::InvalidArgument("UD send without an AH".into()));
+                }
+                q.ud = Some(UdDest {
+                    // SAFETY: as above.
+                    ah: unsafe { &*(ud.ah as *const SvAh) }.nic.clone(),
+                    remote_qpn: ud.remote_qpn,
+                    remote_qkey: ud.remote_qkey,
+                });
+            }
+            Ok(q)
+        });
+        match conv {
+            Ok(q) => {
+                ptrs.push(cur);
+                wqes.push(q);
+            }
+            Err(e) => {
+                ptrs.push(cur);
+                failed = Some((ptrs.len() - 1, e.errno()));
+                break;
+            }
+        }
+        cur = w.next;
+    }
+    let result = match sv.nic.post_send(wqes) {
+        Ok(()) => failed,
+        Err(e) => Some((e.index, e.error.errno())),
+    };
+    match result {
+        None => 0,
+        Some((i, errno)) => {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = ptrs[i] };
+            }
+            errno
+        }
+    }
+}
+
+pub(super) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if qp.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: a QP of ours.
+    let sv = unsafe { &*(qp as *const SvQp) };
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller's linked list of valid WRs and their SGE lists.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|s| sv.nic.post_recv(w.wr_id, &s));
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = cur };
+            }
+            return e.errno();
+        }
+        cur = w.next;
+    }
+    0
+}
+
+pub(super) unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if srq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ of ours.
+    let sv = unsafe { &*(srq as *const SvSrq) };
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller's linked list of valid WRs and their SGE lists.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|s| sv.nic.post(w.wr_id, &s));
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = cur };
+            }
+            return e.errno();
+        }
+        cur = w.next;
+    }
+    0
+}

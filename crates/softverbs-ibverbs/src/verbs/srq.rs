@@ -1,0 +1,96 @@
+//! Shared receive queues.
+
+use super::*;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    if pd.is_null() || init.is_null() {
+        return inval();
+    }
+    // SAFETY: a PD of ours and the caller's attributes.
+    let (sv, ia) = unsafe { (&*(pd as *const SvPd), &mut *init) };
+    let a = ia.attr;
+    match sv.nic.create_srq(a.max_wr, a.max_sge, a.srq_limit) {
+        Ok(nic) => {
+            let (max_wr, max_sge, srq_limit) = nic.attr();
+            ia.attr = ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit,
+            };
+            let srq = ibv_srq {
+                // SAFETY: a PD of ours.
+                context: unsafe { (*pd).context },
+                srq_context: ia.srq_context,
+                pd,
+                handle: nic.id(),
+                mutex: Default::default(),
+                cond: Default::default(),
+                events_completed: 0,
+            };
+            let id = nic.id();
+            // SAFETY: a PD of ours, whose context is open.
+            let reg = unsafe { ctx_of((*pd).context) }.reg.clone();
+            let b = Box::into_raw(Box::new(SvSrq {
+                srq,
+                nic,
+                reg: reg.clone(),
+            }));
+            Registry::set(&reg.srqs, id, b as usize);
+            b as *mut ibv_srq
+        }
+        Err(e) => null(e),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ of ours.
+    let (max_wr, max_sge, srq_limit) = unsafe { &*(srq as *const SvSrq) }.nic.attr();
+    // SAFETY: the caller's writable struct.
+    unsafe {
+        attr.write(ibv_srq_attr {
+            max_wr,
+            max_sge,
+            srq_limit,
+        })
+    };
+    0
+}
+
+/// `ibv_modify_srq`: `IBV_SRQ_LIMIT` arms the limit event (0 disarms); `IBV_SRQ_MAX_WR` (a
+/// resize) and unknown bits are EINVAL: an SRQ's size is fixed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    attr_mask: c_int,
+) -> c_int {
+    const SRQ_LIMIT: c_int = 1 << 1;
+    if srq.is_null() || attr.is_null() || attr_mask != SRQ_LIMIT {
+        return EINVAL;
+    }
+    // SAFETY: an SRQ of ours, and the caller's attribute struct.
+    let (nic, limit) = unsafe { (&(*(srq as *const SvSrq)).nic, (*attr).srq_limit) };
+    match nic.set_limit(limit) {
+        Ok(()) => 0,
+        Err(e) => e.errno(),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    if srq.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: `srq` came from `sv_ibv_create_srq` (Box::into_raw of an SvSrq).
+    let b = unsafe { Box::from_raw(srq as *mut SvSrq) };
+    Registry::set(&b.reg.srqs, b.nic.id(), 0);
+    0
+}
