@@ -1,8 +1,9 @@
 //! `softverbs run -- CMD ARGS…`: runs an unmodified libibverbs program over the softverbs
 //! drop-in library (`crates/softverbs-ibverbs`).
 //!
-//! The loader finds the drop-in first because CMD runs with `LD_LIBRARY_PATH` starting at a
-//! directory that holds `libibverbs.so.1`, a link to the built `libibverbs.so`. Device
+//! The loader finds the drop-ins first because CMD runs with `LD_LIBRARY_PATH` starting at a
+//! directory that holds `libibverbs.so.1` and `librdmacm.so.1`, links to the built
+//! `libibverbs.so` and to the `librdmacm.so` beside it (crate `softverbs-rdmacm`). Device
 //! configuration (`SOFTVERBS_DEVICES`) passes through the environment unchanged. The exit
 //! status is CMD's (128 + the signal number if a signal ended it).
 
@@ -61,24 +62,33 @@ fn find_lib(flag: Option<&Path>) -> crate::Result<PathBuf> {
     .into())
 }
 
-/// Makes `<dir of lib>/softverbs-ibverbs/libibverbs.so.1` point at `lib` (atomically, so
-/// concurrent runs do not trip over each other) and returns that directory.
+/// Makes `<dir of lib>/softverbs-ibverbs/libibverbs.so.1` point at `lib`, and
+/// `librdmacm.so.1` at the `librdmacm.so` beside `lib` when there is one (atomically, so
+/// concurrent runs do not trip over each other), and returns that directory.
 fn link_dir(lib: &Path) -> crate::Result<PathBuf> {
     let lib = lib
         .canonicalize()
         .map_err(|e| format!("{}: {e}", lib.display()))?;
     let base = lib.parent().ok_or("library path has no directory")?;
+    let cm = base.join("librdmacm.so");
+    let links: Vec<(&str, PathBuf)> = [("libibverbs.so.1", lib.clone())]
+        .into_iter()
+        .chain(cm.is_file().then_some(("librdmacm.so.1", cm)))
+        .collect();
     let dir = base.join("softverbs-ibverbs");
     let make = |dir: &Path| -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
-        let link = dir.join("libibverbs.so.1");
-        if std::fs::read_link(&link).is_ok_and(|t| t == lib) {
-            return Ok(());
+        for (name, target) in &links {
+            let link = dir.join(name);
+            if std::fs::read_link(&link).is_ok_and(|t| t == *target) {
+                continue;
+            }
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(target, &tmp)?;
+            std::fs::rename(&tmp, &link)?;
         }
-        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&lib, &tmp)?;
-        std::fs::rename(&tmp, &link)
+        Ok(())
     };
     match make(&dir) {
         Ok(()) => Ok(dir),
