@@ -1,11 +1,12 @@
 //! Connection-manager MADs between two hosts through their engines' GSI (QP1).
 //!
-//! A process on each host holds a QP of `roce0`, so that its engine runs, and plays a CM
-//! agent or listener on the abstract Unix datagram sockets of the engine's contract (written
-//! out here from the contract, not from the engine's code): host B listens for a service, A's
-//! agent sends a REQ for it, B answers with a REP, A's agent gets it. A REQ and a SIDR_REQ
-//! for services nobody has come back as a REJ (invalid service ID) and a SIDR_REP (not
-//! supported), and the engines' captures must dissect in tshark as InfiniBand CM.
+//! A process on each host keeps its engine running (a QP of `roce0` on A; on B only a hold
+//! on the engine, as a listener with no QP yet has) and plays a CM agent or listener on the
+//! abstract Unix datagram sockets of the engine's contract (written out here from the
+//! contract, not from the engine's code): host B listens for a service, A's agent sends a
+//! REQ for it, B answers with a REP, A's agent gets it. A REQ and a SIDR_REQ for services
+//! nobody has come back as a REJ (invalid service ID) and a SIDR_REP (not supported), and
+//! the engines' captures must dissect in tshark as InfiniBand CM.
 
 use super::{engine_counter, hosts_test, netns};
 use crate::common::node;
@@ -79,9 +80,14 @@ fn abstract_addr(name: &str) -> SocketAddr {
 // the parent asks for.
 peer!(peer_cm, |p| {
     let n = node();
-    let _qp = n.qp(QpType::Ud);
     let dev = devices().unwrap()[0].clone();
-    let engine: String = p.expect("engine").get(0);
+    let m = p.expect("engine");
+    let engine: String = m.get(0);
+    // The engine runs for a QP, or for a hold on it (a listener with no QP yet).
+    let (_qp, _hold) = match m.get::<String>(1).as_str() {
+        "qp" => (Some(n.qp(QpType::Ud)), None),
+        _ => (None, Some(dev.hold_engine().expect("hold the engine"))),
+    };
     let engine = abstract_addr(&format!("softverbs-engine/{engine}/cm"));
     let mut socks: Vec<(String, UnixDatagram)> = Vec::new();
     p.send("ready");
@@ -192,8 +198,9 @@ fn cm_mads_travel_between_hosts_on_qp1_and_a_request_for_no_service_is_rejected(
     let mut pa = Peer::spawn_in("between_hosts::cm::peer_cm", &a.netns, &dev(a));
     let mut pb = Peer::spawn_in("between_hosts::cm::peer_cm", &b.netns, &dev(b));
     // The engines are named by the device's primary address: its IPv4 one.
-    pa.send(msg!("engine", a.ipv4.to_string()));
-    pb.send(msg!("engine", b.ipv4.to_string()));
+    // A's engine runs for a QP, B's for a hold only.
+    pa.send(msg!("engine", a.ipv4.to_string(), "qp".to_string()));
+    pb.send(msg!("engine", b.ipv4.to_string(), "hold".to_string()));
     pa.expect("ready");
     pb.expect("ready");
     let dir = std::env::temp_dir().join(format!("softverbs-cm-{}", std::process::id()));

@@ -887,4 +887,40 @@ mod tests {
         assert_eq!(c.dropped, 3 + 1 + 3, "envelopes, no receiver, bad packets");
         assert_eq!(c.sent, 2, "the agent's REQ and the engine's REJ");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Arbitrary bytes as envelopes, MADs and packets to QP1 (raw, and as well-formed GSI
+        /// packets whose MAD is arbitrary but for a CM header): nothing panics, every packet
+        /// is counted once, and only a REQ or SIDR_REQ is ever answered, once.
+        #[test]
+        fn arbitrary_input_never_panics_and_is_counted(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), MAD_LEN),
+            attr in 0x000fu16..0x001b,
+        ) {
+            let _ = Envelope::decode(&raw);
+            let mut m = [0u8; MAD_LEN];
+            m.copy_from_slice(&body);
+            let _ = route(&m);
+            m[0] = MAD_BASE_VERSION;
+            m[1] = MGMT_CLASS_CM;
+            m[16..18].copy_from_slice(&attr.to_be_bytes());
+            let mut g = Gsi::unbound();
+            let mut out = Vec::new();
+            g.incoming(&raw, &mut out);
+            proptest::prop_assert!(out.is_empty());
+            let me: IpAddr = "10.0.0.2".parse().unwrap();
+            let d = gsi_datagram("10.0.0.1".parse().unwrap(), me, 3, &m).unwrap();
+            g.incoming(&d, &mut out);
+            let c = g.counts;
+            proptest::prop_assert_eq!(c.wire_received, 2);
+            proptest::prop_assert_eq!(c.received + c.bad_packets, 2);
+            let answered = matches!(CmAttr::from_id(attr), Some(CmAttr::Req | CmAttr::SidrReq));
+            proptest::prop_assert_eq!(out.len(), usize::from(answered));
+            proptest::prop_assert_eq!(c.rejected_no_listener, u64::from(answered));
+            proptest::prop_assert_eq!(c.sent, u64::from(answered));
+        }
+    }
 }
