@@ -19,6 +19,10 @@
 //! QP it had on it. The engine sleeps in `poll(2)` when idle, with a doorbell that clients
 //! ring only while it sleeps, and spins a while after work only on machines with cores to
 //! spare.
+//!
+//! It is also the host's GSI ([`gsi`]): packets to QP1 never reach the transport core but
+//! carry the connection-manager MADs of the host's CM agents, which meet the engine on
+//! abstract Unix datagram sockets.
 
 pub(crate) mod gsi;
 pub(crate) mod io;
