@@ -47,7 +47,9 @@ pub mod engine {
     pub use crate::transport::roce::engine::{
         ENV_ENGINE_EXE, ENV_ENGINE_LOG, ENV_ENGINE_SPIN, serve,
     };
-    pub use crate::transport::roce::{ENV_PCAP, engine_capture, engine_report};
+    pub use crate::transport::roce::{
+        ENV_PCAP, EngineHold, engine_capture, engine_report, hold_engine,
+    };
 }
 
 pub use error::{Error, Result};

@@ -42,6 +42,13 @@ impl Device {
         softverbs_nic::engine::engine_capture(&self.inner, path)
     }
 
+    /// For a networked device: starts its host engine if none runs and keeps it running
+    /// while the returned value lives (an engine stops soon after its last QP is gone), so
+    /// that the host carries CM MADs on QP1 for a listener that has no QP yet.
+    pub fn hold_engine(&self) -> Result<softverbs_nic::engine::EngineHold> {
+        softverbs_nic::engine::hold_engine(&self.inner)
+    }
+
     /// True for a networked device: RoCEv2 between hosts through the host engine.
     pub fn is_networked(&self) -> bool {
         self.inner.config().net.is_some()

@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 #[allow(dead_code)]
 mod netns;
 
+/// CM MADs on QP1 between the hosts' engines.
+mod cm;
+
 /// Whether test `name` runs here: not inside the run the suite test starts nor in a peer,
 /// and only as root (else skipped with a message; a failure under `CI=true`). It then holds
 /// the harness alone: these runs busy-poll on both hosts, and no other test may compete.

@@ -283,3 +283,30 @@ pub fn engine_capture(dev: &Device, path: &str) -> Result<String> {
     }
     client::request(ip_of(dev.config.gid), &Ctl::Capture { path: path.into() })
 }
+
+/// While alive, the host engine serving a networked device keeps running, as if a QP of
+/// this process used it: what a CM agent holds so that its host answers CM MADs on QP1
+/// before the program has made any QP (an engine stops soon after its last client).
+pub struct EngineHold {
+    _link: Arc<Link>,
+}
+
+impl std::fmt::Debug for EngineHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineHold")
+    }
+}
+
+/// Connects to the engine serving `dev`, starting it if none runs, and keeps it running
+/// while the returned value lives.
+pub fn hold_engine(dev: &Device) -> Result<EngineHold> {
+    if dev.config.net.is_none() {
+        return Err(Error::InvalidArgument(format!(
+            "{} is not networked",
+            dev.config.name
+        )));
+    }
+    Ok(EngineHold {
+        _link: Link::get(&dev.config)?,
+    })
+}

@@ -19,7 +19,12 @@
 //! QP it had on it. The engine sleeps in `poll(2)` when idle, with a doorbell that clients
 //! ring only while it sleeps, and spins a while after work only on machines with cores to
 //! spare.
+//!
+//! It is also the host's GSI ([`gsi`]): packets to QP1 never reach the transport core but
+//! carry the connection-manager MADs of the host's CM agents, which meet the engine on
+//! abstract Unix datagram sockets.
 
+pub(crate) mod gsi;
 pub(crate) mod io;
 pub(crate) mod memory;
 
@@ -132,6 +137,8 @@ struct Engine {
     epoch: Instant,
     next_tag: u32,
     totals: Totals,
+    /// QP1: the CM MADs of the host's agents ([`gsi`]).
+    gsi: gsi::Gsi,
     rx: Vec<u8>,
     tx: Vec<u8>,
     out: Vec<(IpAddr, Vec<u8>)>,
@@ -424,6 +431,9 @@ impl Engine {
         }
         ep.use_kernel_headers(io::ROCE_PORT);
         let state = Segment::create("softverbs-engine", std::mem::size_of::<EngineState>())?;
+        // The control socket's name is ours, so the CM socket's is free unless some other
+        // program took it; then the engine serves its QPs without carrying CM MADs.
+        let gsi = gsi::Gsi::bind(primary).unwrap_or_else(|_| gsi::Gsi::unbound());
         Ok(Engine {
             ifindex: net.ifindex,
             faults: FaultInjector::new(net.faults),
@@ -439,6 +449,7 @@ impl Engine {
             epoch: Instant::now(),
             next_tag: 1,
             totals: Totals::default(),
+            gsi,
             rx: vec![0; 65536 + HEADROOM],
             tx: vec![0; 65536],
             out: Vec::new(),
@@ -468,6 +479,7 @@ impl Engine {
             if self.control_due || self.last_control.elapsed() >= CONTROL_EVERY {
                 busy |= self.accept();
                 busy |= self.control();
+                busy |= self.cm_outgoing();
                 self.control_due = false;
                 self.last_control = Instant::now();
             }
@@ -534,6 +546,9 @@ impl Engine {
                 .iter()
                 .map(|c| PollFd::new(&c.sock, PollFlags::IN)),
         );
+        // The agents' CM socket counts as control: read with the control messages.
+        let gsi = self.gsi.fd();
+        fds.extend(gsi.as_ref().map(|s| PollFd::new(s, PollFlags::IN)));
         let ts = rustix::time::Timespec {
             tv_sec: wait.as_secs() as i64,
             tv_nsec: i64::from(wait.subsec_nanos()),
@@ -790,6 +805,11 @@ impl Engine {
                 if end >= bth + 3 {
                     let qpn =
                         u32::from_be_bytes([0, self.rx[bth], self.rx[bth + 1], self.rx[bth + 2]]);
+                    // The GSI's packets are the host's CM, never the transport core's.
+                    if qpn == gsi::GSI_QPN {
+                        self.cm_incoming(start, end);
+                        continue;
+                    }
                     self.lend_receive(qpn);
                 }
                 let now = self.now();
@@ -884,6 +904,42 @@ impl Engine {
         self.send_all(&mut out);
         self.out = out;
         any
+    }
+
+    /// Sends the agents' CM MADs.
+    fn cm_outgoing(&mut self) -> bool {
+        let mut out = Vec::new();
+        let socks = &self.socks;
+        let any = self
+            .gsi
+            .outgoing(|a| socks.iter().any(|s| s.addr == a), &mut out);
+        self.send_gsi(out);
+        any
+    }
+
+    /// A datagram to QP1 in `self.rx[start..end]`: to the local agent it is for, or answered.
+    fn cm_incoming(&mut self, start: usize, end: usize) {
+        let mut out = Vec::new();
+        self.gsi.incoming(&self.rx[start..end], &mut out);
+        self.send_gsi(out);
+    }
+
+    /// GSI datagrams leave as every other packet does: through the fault injector, into the
+    /// capture, from the socket of their source address.
+    fn send_gsi(&mut self, datagrams: Vec<(IpAddr, Vec<u8>)>) {
+        if datagrams.is_empty() {
+            return;
+        }
+        let now = self.now();
+        let mut out = Vec::with_capacity(datagrams.len());
+        for (dst, d) in datagrams {
+            if self.faults.active() {
+                self.faults.apply(now, dst, &d, &mut out);
+            } else {
+                out.push((dst, d));
+            }
+        }
+        self.send_all(&mut out);
     }
 
     fn send_all(&mut self, out: &mut Vec<(IpAddr, Vec<u8>)>) {
@@ -1018,11 +1074,13 @@ impl Engine {
             self.qps.len(),
             self.capture.as_ref().map_or("off", |c| c.path.as_str())
         );
+        // QP1's packets never reach the endpoint; the totals are the host's all the same.
+        let g = &self.gsi.counts;
         let rows: [(&str, u64); 29] = [
-            ("sent_pkts", c.datagrams_sent),
-            ("rcvd_pkts", c.datagrams_received),
-            ("sent_bytes", c.bytes_sent),
-            ("rcvd_bytes", c.bytes_received),
+            ("sent_pkts", c.datagrams_sent + g.wire_sent),
+            ("rcvd_pkts", c.datagrams_received + g.wire_received),
+            ("sent_bytes", c.bytes_sent + g.wire_sent_bytes),
+            ("rcvd_bytes", c.bytes_received + g.wire_received_bytes),
             ("retransmitted_pkts", qc.retransmitted),
             ("ack_timeouts", qc.timeouts),
             ("seq_naks_sent", qc.seq_naks_sent),
@@ -1033,7 +1091,7 @@ impl Engine {
             ("error_naks_rcvd", qc.error_naks_received),
             ("duplicate_requests", qc.duplicates),
             ("out_of_sequence", qc.out_of_sequence),
-            ("icrc_errors", c.icrc_errors),
+            ("icrc_errors", c.icrc_errors + g.icrc_errors),
             ("dropped_malformed", c.malformed),
             ("dropped_not_ours", c.not_ours),
             ("dropped_unknown_qp", c.unknown_qp),
@@ -1050,7 +1108,7 @@ impl Engine {
             ("fault_delayed", f.delayed),
         ];
         s.push_str("counters:\n");
-        for (k, v) in rows {
+        for (k, v) in rows.into_iter().chain(g.rows()) {
             let _ = writeln!(s, "  {k}: {v}");
         }
         s.push_str("clients:\n");

@@ -1,0 +1,926 @@
+//! The general services interface (QP1) of the host: communication-manager MADs between the
+//! CM agents of this host's processes and the network.
+//!
+//! A kernel RDMA stack runs the IBTA communication manager on QP1: REQ, REP, RTU, REJ and the
+//! rest travel as 256-byte MADs in UD SEND-only packets from QP1 to QP1 with the GSI's
+//! Q_Key. Here the CM state machines live in the processes (each `librdmacm` user runs a *CM
+//! agent*); the engine only carries their MADs, so that a capture decodes as CM and a peer
+//! host sees what a kernel CM sends. Agents and the engine meet on abstract Unix datagram
+//! sockets of the network namespace (the host):
+//!
+//! - the engine of address A binds [`engine_cm_name`] (`softverbs-engine/<A>/cm`) and takes
+//!   [`Envelope`]s from agents: each MAD is sent to QP1 of the envelope's destination GID from
+//!   the envelope's source address (which must be one of the engine's own);
+//! - agents bind [`agent_name`] (`softverbs-cm/agent/<5 hex digits>`: the upper 20 bits of
+//!   every communication ID they hand out) and listeners [`service_name`]
+//!   (`softverbs-cm/svc/<16 hex digits>`); a CM MAD from the network goes, as an envelope
+//!   with [`FROM_NETWORK`] set, to the listener of its service (REQ, SIDR_REQ) or to the
+//!   agent that owns the receiver's communication ID (every other CM message, [`route`]);
+//! - a REQ or SIDR_REQ nobody listens for is answered as a host's CM answers it: a REJ with
+//!   reason 8, invalid service ID ([`reject_for`]), or a SIDR_REP with status 1, service ID
+//!   not supported ([`sidr_unsupported_for`]).
+//!
+//! Everything that comes in, from the network or from a local socket, is checked in constant
+//! work and, when refused, dropped and counted ([`GsiCounters`]); nothing here panics on input.
+
+use crate::config::net::{gid_of, ip_of};
+use crate::types::Gid;
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::net::{
+    AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType, bind, sendto,
+    socket_with,
+};
+use softverbs_roce::wire::{Bth, Datagram, Deth, Headers, IpRepr, Opcode, Psn, emit_datagram};
+use std::net::IpAddr;
+
+/// The GSI's QP number.
+pub(crate) const GSI_QPN: u32 = 1;
+/// The well-known Q_Key of QP1 (IBTA 13.5.3.2).
+pub(crate) const GSI_QKEY: u32 = 0x8001_0000;
+/// A MAD of the GSI: always 256 bytes.
+pub(crate) const MAD_LEN: usize = 256;
+/// The common MAD header that every MAD starts with.
+pub(crate) const MAD_HEADER_LEN: usize = 24;
+/// An envelope: 48 bytes of addressing, then the MAD.
+pub(crate) const ENVELOPE_LEN: usize = 48 + MAD_LEN;
+/// The first bytes of every envelope.
+pub(crate) const MAGIC: [u8; 4] = *b"SVCM";
+/// The envelope format's version.
+pub(crate) const VERSION: u8 = 1;
+/// Envelope flag: the MAD came from the network (set by the engine only).
+pub(crate) const FROM_NETWORK: u8 = 1;
+
+/// `base_version` of every MAD.
+pub(crate) const MAD_BASE_VERSION: u8 = 1;
+/// The communication-management class.
+pub(crate) const MGMT_CLASS_CM: u8 = 0x07;
+/// The CM class version the kernel speaks.
+pub(crate) const CM_CLASS_VERSION: u8 = 2;
+/// `Send`: the method of every CM message.
+pub(crate) const METHOD_SEND: u8 = 0x03;
+
+/// REJ reason 8: invalid service ID.
+pub(crate) const REJ_INVALID_SERVICE_ID: u16 = 8;
+/// SIDR_REP status 1: service ID not supported.
+pub(crate) const SIDR_UNSUPPORTED: u8 = 1;
+
+/// The CM messages the engine carries, by attribute ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CmAttr {
+    Req = 0x0010,
+    Mra = 0x0011,
+    Rej = 0x0012,
+    Rep = 0x0013,
+    Rtu = 0x0014,
+    Dreq = 0x0015,
+    Drep = 0x0016,
+    SidrReq = 0x0017,
+    SidrRep = 0x0018,
+}
+
+impl CmAttr {
+    fn from_id(id: u16) -> Option<CmAttr> {
+        Some(match id {
+            0x0010 => CmAttr::Req,
+            0x0011 => CmAttr::Mra,
+            0x0012 => CmAttr::Rej,
+            0x0013 => CmAttr::Rep,
+            0x0014 => CmAttr::Rtu,
+            0x0015 => CmAttr::Dreq,
+            0x0016 => CmAttr::Drep,
+            0x0017 => CmAttr::SidrReq,
+            0x0018 => CmAttr::SidrRep,
+            _ => return None,
+        })
+    }
+}
+
+/// The socket name of the engine serving address `ip`, where agents send their MADs (beside
+/// its control socket, [`engine_name`](super::super::protocol::engine_name)).
+pub(crate) fn engine_cm_name(ip: IpAddr) -> String {
+    format!("{}/cm", super::super::protocol::engine_name(ip))
+}
+
+/// The socket name of the agent whose communication IDs have upper 20 bits `id`.
+pub(crate) fn agent_name(id: u32) -> String {
+    format!("softverbs-cm/agent/{:05x}", id & 0xf_ffff)
+}
+
+/// The socket name of the listener of service `sid`.
+pub(crate) fn service_name(sid: u64) -> String {
+    format!("softverbs-cm/svc/{sid:016x}")
+}
+
+/// One MAD with its addressing: one datagram on the sockets between agents and the engine.
+///
+/// Bytes 0..4 `SVCM`, 4 the version (1), 5 flags ([`FROM_NETWORK`]), 6..8 zero, 8..24 the
+/// source GID, 24..40 the destination GID, 40..44 the source QP (big-endian; 1 for the GSI),
+/// 44..48 zero, 48..304 the MAD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Envelope {
+    pub flags: u8,
+    pub src: Gid,
+    pub dst: Gid,
+    pub src_qpn: u32,
+    pub mad: [u8; MAD_LEN],
+}
+
+impl Envelope {
+    pub(crate) fn encode(&self) -> [u8; ENVELOPE_LEN] {
+        let mut b = [0u8; ENVELOPE_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4] = VERSION;
+        b[5] = self.flags;
+        b[8..24].copy_from_slice(&self.src.0);
+        b[24..40].copy_from_slice(&self.dst.0);
+        b[40..44].copy_from_slice(&self.src_qpn.to_be_bytes());
+        b[48..].copy_from_slice(&self.mad);
+        b
+    }
+
+    /// `None` unless `b` is exactly one well-formed envelope: its length, magic, version,
+    /// known flags only, and the reserved bytes zero.
+    pub(crate) fn decode(b: &[u8]) -> Option<Envelope> {
+        let b: &[u8; ENVELOPE_LEN] = b.try_into().ok()?;
+        if b[0..4] != MAGIC
+            || b[4] != VERSION
+            || b[5] & !FROM_NETWORK != 0
+            || b[6..8] != [0, 0]
+            || b[44..48] != [0; 4]
+        {
+            return None;
+        }
+        let gid = |at: usize| {
+            let mut g = [0u8; 16];
+            g.copy_from_slice(&b[at..at + 16]);
+            Gid(g)
+        };
+        let mut mad = [0u8; MAD_LEN];
+        mad.copy_from_slice(&b[48..]);
+        Some(Envelope {
+            flags: b[5],
+            src: gid(8),
+            dst: gid(24),
+            src_qpn: u32::from_be_bytes([b[40], b[41], b[42], b[43]]),
+            mad,
+        })
+    }
+}
+
+/// Where a CM MAD from the network goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// The listener of this service ID (REQ, SIDR_REQ).
+    Service(u64),
+    /// The agent owning the receiver's communication ID (its upper 20 bits).
+    Agent(u32),
+}
+
+impl Route {
+    pub(crate) fn socket_name(self) -> String {
+        match self {
+            Route::Service(sid) => service_name(sid),
+            Route::Agent(id) => agent_name(id),
+        }
+    }
+}
+
+fn be32_at(mad: &[u8; MAD_LEN], at: usize) -> u32 {
+    u32::from_be_bytes([mad[at], mad[at + 1], mad[at + 2], mad[at + 3]])
+}
+
+fn be64_at(mad: &[u8; MAD_LEN], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&mad[at..at + 8]);
+    u64::from_be_bytes(b)
+}
+
+/// True if `mad` is a MAD of the CM class (base version 1, class 0x07).
+pub(crate) fn is_cm(mad: &[u8; MAD_LEN]) -> bool {
+    mad[0] == MAD_BASE_VERSION && mad[1] == MGMT_CLASS_CM
+}
+
+/// The CM message `mad` is and where it goes: REQ and SIDR_REQ to their service's listener
+/// (the service ID is CM bytes 8..16 of both), MRA, REJ, REP, RTU, DREQ and DREP to the agent
+/// of the remote communication ID (CM bytes 4..8: the receiver's own ID), SIDR_REP to the
+/// agent of its request ID (CM bytes 0..4). `None` for anything else (another class, or a CM
+/// attribute the engine does not carry: LAP, APR, ClassPortInfo).
+pub(crate) fn route(mad: &[u8; MAD_LEN]) -> Option<(CmAttr, Route)> {
+    if !is_cm(mad) {
+        return None;
+    }
+    let attr = CmAttr::from_id(u16::from_be_bytes([mad[16], mad[17]]))?;
+    let cm = MAD_HEADER_LEN;
+    let to = match attr {
+        CmAttr::Req | CmAttr::SidrReq => Route::Service(be64_at(mad, cm + 8)),
+        CmAttr::SidrRep => Route::Agent(be32_at(mad, cm) >> 12),
+        CmAttr::Mra | CmAttr::Rej | CmAttr::Rep | CmAttr::Rtu | CmAttr::Dreq | CmAttr::Drep => {
+            Route::Agent(be32_at(mad, cm + 4) >> 12)
+        }
+    };
+    Some((attr, to))
+}
+
+/// A CM MAD header for `attr` with transaction ID `tid`, as the kernel's CM writes it.
+fn cm_header(attr: CmAttr, tid: &[u8]) -> [u8; MAD_LEN] {
+    let mut m = [0u8; MAD_LEN];
+    m[0] = MAD_BASE_VERSION;
+    m[1] = MGMT_CLASS_CM;
+    m[2] = CM_CLASS_VERSION;
+    m[3] = METHOD_SEND;
+    m[8..16].copy_from_slice(tid);
+    m[16..18].copy_from_slice(&(attr as u16).to_be_bytes());
+    m
+}
+
+/// The REJ a host's CM sends for REQ `req` when nothing listens for its service: message
+/// rejected 0 (the REQ), reason 8 (invalid service ID), the REQ's local communication ID as
+/// the remote one, local communication ID 0, the same transaction ID.
+pub(crate) fn reject_for(req: &[u8; MAD_LEN]) -> [u8; MAD_LEN] {
+    let mut m = cm_header(CmAttr::Rej, &req[8..16]);
+    let cm = MAD_HEADER_LEN;
+    // Local comm ID (cm..cm+4) stays 0; message rejected (top 2 bits of cm+8) is 0 = REQ;
+    // no additional rejection information (cm+9).
+    m[cm + 4..cm + 8].copy_from_slice(&req[cm..cm + 4]);
+    m[cm + 10..cm + 12].copy_from_slice(&REJ_INVALID_SERVICE_ID.to_be_bytes());
+    m
+}
+
+/// The SIDR_REP a host's CM sends for SIDR_REQ `req` when nothing listens for its service:
+/// status 1 (service ID not supported), the same request ID, service ID and transaction ID.
+pub(crate) fn sidr_unsupported_for(req: &[u8; MAD_LEN]) -> [u8; MAD_LEN] {
+    let mut m = cm_header(CmAttr::SidrRep, &req[8..16]);
+    let cm = MAD_HEADER_LEN;
+    m[cm..cm + 4].copy_from_slice(&req[cm..cm + 4]);
+    m[cm + 4] = SIDR_UNSUPPORTED;
+    // The SIDR_REP's service ID is at CM bytes 12..20; the SIDR_REQ's at 8..16.
+    m[cm + 12..cm + 20].copy_from_slice(&req[cm + 8..cm + 16]);
+    m
+}
+
+/// The CM MAD in datagram `d`, if `d` is what a CM sends to QP1: a UD SEND-only packet to QP
+/// 1 with the GSI's Q_Key, the default partition (full or limited member), and 256 bytes of
+/// payload that are a CM-class MAD. The ICRC was checked when `d` was parsed.
+pub(crate) fn gsi_mad<'a>(d: &Datagram<'a>) -> Option<&'a [u8; MAD_LEN]> {
+    let bth = d.headers.bth;
+    let deth = d.headers.deth?;
+    if bth.opcode != Opcode::UD_SEND_ONLY
+        || bth.dest_qp != GSI_QPN
+        || bth.pkey & 0x7fff != 0x7fff
+        || deth.qkey != GSI_QKEY
+    {
+        return None;
+    }
+    let mad: &[u8; MAD_LEN] = d.payload.try_into().ok()?;
+    is_cm(mad).then_some(mad)
+}
+
+/// The whole RoCEv2 datagram carrying `mad` from QP1 of `src` to QP1 of `dst`, headers as
+/// the kernel's UDP socket on port 4791 makes them (the ICRC covers them). `None` when the
+/// two addresses are not of one family.
+pub(crate) fn gsi_datagram(
+    src: IpAddr,
+    dst: IpAddr,
+    psn: u32,
+    mad: &[u8; MAD_LEN],
+) -> Option<Vec<u8>> {
+    let ip = IpRepr::between(src, dst)?;
+    let mut h = Headers::new(Bth::new(
+        Opcode::UD_SEND_ONLY,
+        GSI_QPN,
+        Psn::new(psn & 0xff_ffff),
+    ));
+    h.deth = Some(Deth {
+        qkey: GSI_QKEY,
+        src_qp: GSI_QPN,
+    });
+    let mut buf = vec![0u8; 40 + 8 + Bth::LEN + Deth::LEN + MAD_LEN + 4];
+    let n = emit_datagram(&ip, super::io::ROCE_PORT, &h, mad, &mut buf).ok()?;
+    buf.truncate(n);
+    Some(buf)
+}
+
+/// What the GSI did, for `softverbs nic`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct GsiCounters {
+    /// CM MADs sent from QP1: the agents' and the engine's own answers.
+    pub sent: u64,
+    /// Valid CM MADs that arrived at QP1.
+    pub received: u64,
+    /// Of those, handed to a local agent or listener.
+    pub delivered: u64,
+    /// Every refusal below, summed.
+    pub dropped: u64,
+    /// REQs answered with a REJ and SIDR_REQs with a SIDR_REP: nobody listened.
+    pub rejected_no_listener: u64,
+    /// Datagrams from local sockets that are not envelopes (or name no usable destination).
+    pub bad_envelopes: u64,
+    /// Envelopes whose source GID is none of this engine's addresses, or whose MAD is not CM.
+    pub foreign_source: u64,
+    /// Packets to QP1 that are not a valid CM MAD (opcode, Q_Key, P_Key, length, class,
+    /// attribute, ICRC).
+    pub bad_packets: u64,
+    /// CM MADs from the network that no local socket took (nobody bound, or its queue full).
+    pub no_receiver: u64,
+    /// Datagrams and bytes to and from QP1, for the engine's packet totals.
+    pub wire_sent: u64,
+    pub wire_sent_bytes: u64,
+    pub wire_received: u64,
+    pub wire_received_bytes: u64,
+    /// Of the bad packets, those whose ICRC did not match.
+    pub icrc_errors: u64,
+}
+
+impl GsiCounters {
+    /// The rows `softverbs nic` prints.
+    pub(crate) fn rows(&self) -> [(&'static str, u64); 9] {
+        [
+            ("cm_mads_sent", self.sent),
+            ("cm_mads_received", self.received),
+            ("cm_mads_delivered", self.delivered),
+            ("cm_mads_dropped", self.dropped),
+            ("cm_rejected_no_listener", self.rejected_no_listener),
+            ("cm_bad_envelopes", self.bad_envelopes),
+            ("cm_foreign_source", self.foreign_source),
+            ("cm_bad_packets", self.bad_packets),
+            ("cm_no_receiver", self.no_receiver),
+        ]
+    }
+}
+
+/// Envelopes taken from the socket per call: a flood of them must not starve the QPs.
+const ENVELOPES_PER_TURN: usize = 64;
+
+/// The engine's GSI: its socket for the agents, and what it counted.
+pub(crate) struct Gsi {
+    /// `None` if the name was taken (the engine then serves QPs without CM).
+    sock: Option<OwnedFd>,
+    pub(crate) counts: GsiCounters,
+    psn: u32,
+}
+
+impl Gsi {
+    /// Binds the engine's CM socket for primary address `ip`.
+    pub(crate) fn bind(ip: IpAddr) -> std::io::Result<Gsi> {
+        let sock = socket_with(
+            AddressFamily::UNIX,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )?;
+        let addr = SocketAddrUnix::new_abstract_name(engine_cm_name(ip).as_bytes())?;
+        bind(&sock, &addr)?;
+        Ok(Gsi {
+            sock: Some(sock),
+            counts: GsiCounters::default(),
+            psn: 0,
+        })
+    }
+
+    /// A GSI without a socket (its name could not be bound): it still answers REQs from the
+    /// network with REJs, as a host without listeners does.
+    pub(crate) fn unbound() -> Gsi {
+        Gsi {
+            sock: None,
+            counts: GsiCounters::default(),
+            psn: 0,
+        }
+    }
+
+    /// The socket, for the engine's poll set.
+    pub(crate) fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.sock.as_ref().map(|s| s.as_fd())
+    }
+
+    fn wire(&mut self, src: IpAddr, dst: IpAddr, mad: &[u8; MAD_LEN]) -> Option<Vec<u8>> {
+        self.psn = self.psn.wrapping_add(1) & 0xff_ffff;
+        let d = gsi_datagram(src, dst, self.psn, mad)?;
+        self.counts.sent += 1;
+        self.counts.wire_sent += 1;
+        self.counts.wire_sent_bytes += d.len() as u64;
+        Some(d)
+    }
+
+    /// Takes the agents' envelopes waiting on the socket (up to a batch) and appends the
+    /// datagrams to send to `out`; `ours` says whether an address is one of the engine's.
+    /// True if anything was read.
+    pub(crate) fn outgoing(
+        &mut self,
+        ours: impl Fn(IpAddr) -> bool,
+        out: &mut Vec<(IpAddr, Vec<u8>)>,
+    ) -> bool {
+        let mut buf = [0u8; ENVELOPE_LEN + 1];
+        let mut any = false;
+        for _ in 0..ENVELOPES_PER_TURN {
+            let Some(sock) = &self.sock else { break };
+            // TRUNC: the datagram's real length, so an oversized one is refused, not cut.
+            let n =
+                match rustix::net::recv(sock, &mut buf[..], RecvFlags::DONTWAIT | RecvFlags::TRUNC)
+                {
+                    Ok((_, n)) => n,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => break,
+                };
+            any = true;
+            let Some(e) = buf.get(..n).and_then(Envelope::decode) else {
+                self.counts.bad_envelopes += 1;
+                self.counts.dropped += 1;
+                continue;
+            };
+            let (src, dst) = (ip_of(e.src), ip_of(e.dst));
+            if !ours(src) || !is_cm(&e.mad) {
+                self.counts.foreign_source += 1;
+                self.counts.dropped += 1;
+                continue;
+            }
+            match self.wire(src, dst, &e.mad) {
+                Some(d) => out.push((dst, d)),
+                None => {
+                    self.counts.bad_envelopes += 1;
+                    self.counts.dropped += 1;
+                }
+            }
+        }
+        any
+    }
+
+    /// A datagram to QP1 arrived (whole, as the engine rebuilt it): delivers its MAD to the
+    /// local agent or listener it is for, or appends the answer of a host without listener
+    /// to `out`, or drops and counts it.
+    pub(crate) fn incoming(&mut self, datagram: &[u8], out: &mut Vec<(IpAddr, Vec<u8>)>) {
+        self.counts.wire_received += 1;
+        self.counts.wire_received_bytes += datagram.len() as u64;
+        let d = match Datagram::parse(datagram) {
+            Ok(d) => d,
+            Err(e) => {
+                if matches!(e, softverbs_roce::wire::WireError::Icrc { .. }) {
+                    self.counts.icrc_errors += 1;
+                }
+                self.counts.bad_packets += 1;
+                self.counts.dropped += 1;
+                return;
+            }
+        };
+        let Some((mad, (attr, to))) = gsi_mad(&d).and_then(|m| Some((m, route(m)?))) else {
+            self.counts.bad_packets += 1;
+            self.counts.dropped += 1;
+            return;
+        };
+        self.counts.received += 1;
+        let (from, at) = (d.ip.src(), d.ip.dst());
+        let env = Envelope {
+            flags: FROM_NETWORK,
+            src: gid_of(from),
+            dst: gid_of(at),
+            src_qpn: d.headers.deth.map_or(GSI_QPN, |x| x.src_qp),
+            mad: *mad,
+        };
+        match self.deliver(to, &env) {
+            Ok(()) => self.counts.delivered += 1,
+            // Nobody bound there: a host's CM answers a REQ or SIDR_REQ for a service it
+            // does not have.
+            Err(rustix::io::Errno::CONNREFUSED | rustix::io::Errno::NOENT)
+                if matches!(attr, CmAttr::Req | CmAttr::SidrReq) =>
+            {
+                let answer = match attr {
+                    CmAttr::Req => reject_for(mad),
+                    _ => sidr_unsupported_for(mad),
+                };
+                self.counts.rejected_no_listener += 1;
+                if let Some(d) = self.wire(at, from, &answer) {
+                    out.push((from, d));
+                }
+            }
+            // Nobody bound (another message), or a receiver whose queue is full: the CM
+            // retries on its own.
+            Err(_) => {
+                self.counts.no_receiver += 1;
+                self.counts.dropped += 1;
+            }
+        }
+    }
+
+    fn deliver(&self, to: Route, env: &Envelope) -> Result<(), rustix::io::Errno> {
+        let addr = SocketAddrUnix::new_abstract_name(to.socket_name().as_bytes())?;
+        match &self.sock {
+            Some(s) => sendto(s, &env.encode(), SendFlags::DONTWAIT, &addr).map(|_| ()),
+            // Without its own socket the engine cannot send from a name; an unnamed socket
+            // would do, but a GSI without a name has nothing bound to answer it either.
+            None => Err(rustix::io::Errno::NOENT),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn mad(attr: u16) -> [u8; MAD_LEN] {
+        let mut m = [0u8; MAD_LEN];
+        m[0] = 1;
+        m[1] = 7;
+        m[2] = 2;
+        m[3] = 3;
+        m[8..16].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        m[16..18].copy_from_slice(&attr.to_be_bytes());
+        m
+    }
+
+    fn req(local_comm_id: u32, sid: u64) -> [u8; MAD_LEN] {
+        let mut m = mad(0x10);
+        m[24..28].copy_from_slice(&local_comm_id.to_be_bytes());
+        m[32..40].copy_from_slice(&sid.to_be_bytes());
+        m
+    }
+
+    fn envelope() -> Envelope {
+        let mut mad = req(0xabcde123, 0x0106_0000_0000_4e21);
+        mad[255] = 0x5a;
+        Envelope {
+            flags: 0,
+            src: gid_of("10.0.0.1".parse().unwrap()),
+            dst: gid_of("fd00::2".parse().unwrap()),
+            src_qpn: 1,
+            mad,
+        }
+    }
+
+    #[test]
+    fn names_follow_the_contract() {
+        assert_eq!(agent_name(0xabcde), "softverbs-cm/agent/abcde");
+        assert_eq!(agent_name(0x1), "softverbs-cm/agent/00001");
+        assert_eq!(
+            service_name(0x0106_0000_0000_4e21),
+            "softverbs-cm/svc/0106000000004e21"
+        );
+        assert_eq!(
+            engine_cm_name("10.77.0.1".parse().unwrap()),
+            "softverbs-engine/10.77.0.1/cm"
+        );
+        assert_eq!(
+            engine_cm_name("fd00::1".parse().unwrap()),
+            "softverbs-engine/fd00::1/cm"
+        );
+    }
+
+    #[test]
+    fn an_envelope_has_the_contracts_layout_and_survives_the_trip() {
+        let e = envelope();
+        let b = e.encode();
+        assert_eq!(&b[0..4], b"SVCM");
+        assert_eq!(b[4], 1);
+        assert_eq!(&b[8..24], &e.src.0);
+        assert_eq!(b[8 + 10..8 + 12], [0xff, 0xff], "IPv4-mapped source");
+        assert_eq!(&b[24..40], &e.dst.0);
+        assert_eq!(&b[40..44], &[0, 0, 0, 1]);
+        assert_eq!(&b[48..], &e.mad[..]);
+        assert_eq!(Envelope::decode(&b), Some(e.clone()));
+        let mut from_net = e.clone();
+        from_net.flags = FROM_NETWORK;
+        assert_eq!(Envelope::decode(&from_net.encode()), Some(from_net));
+    }
+
+    #[test]
+    fn anything_but_an_envelope_is_refused() {
+        let good = envelope().encode();
+        for cut in 0..good.len() {
+            assert_eq!(Envelope::decode(&good[..cut]), None, "cut at {cut}");
+        }
+        let mut long = good.to_vec();
+        long.push(0);
+        assert_eq!(Envelope::decode(&long), None, "one byte too many");
+        // Magic, version, unknown flags, reserved bytes.
+        for (at, v) in [
+            (0, b'X'),
+            (3, 0),
+            (4, 2),
+            (4, 0),
+            (5, 2),
+            (5, 0x80),
+            (6, 1),
+            (7, 1),
+        ]
+        .into_iter()
+        .chain((44..48).map(|i| (i, 1)))
+        {
+            let mut b = good;
+            b[at] = v;
+            assert_eq!(Envelope::decode(&b), None, "byte {at} = {v:#x}");
+        }
+    }
+
+    #[test]
+    fn requests_go_to_their_service_and_the_rest_to_the_receivers_agent() {
+        assert_eq!(
+            route(&req(0x12345678, 0x0106_0000_0000_4e21)),
+            Some((CmAttr::Req, Route::Service(0x0106_0000_0000_4e21)))
+        );
+        let mut sidr = mad(0x17);
+        sidr[24..28].copy_from_slice(&0xfeed_0001u32.to_be_bytes());
+        sidr[32..40].copy_from_slice(&0x0111_0000_0000_0007u64.to_be_bytes());
+        assert_eq!(
+            route(&sidr),
+            Some((CmAttr::SidrReq, Route::Service(0x0111_0000_0000_0007)))
+        );
+        // The receiver's ID is the remote one (CM bytes 4..8), not the sender's (0..4).
+        for (attr, want) in [
+            (0x11, CmAttr::Mra),
+            (0x12, CmAttr::Rej),
+            (0x13, CmAttr::Rep),
+            (0x14, CmAttr::Rtu),
+            (0x15, CmAttr::Dreq),
+            (0x16, CmAttr::Drep),
+        ] {
+            let mut m = mad(attr);
+            m[24..28].copy_from_slice(&0x1111_1111u32.to_be_bytes());
+            m[28..32].copy_from_slice(&0xabcd_e123u32.to_be_bytes());
+            assert_eq!(route(&m), Some((want, Route::Agent(0xabcde))), "{want:?}");
+        }
+        let mut rep = mad(0x18);
+        rep[24..28].copy_from_slice(&0x0000_1fffu32.to_be_bytes());
+        rep[28..32].copy_from_slice(&0xffff_ffffu32.to_be_bytes());
+        assert_eq!(route(&rep), Some((CmAttr::SidrRep, Route::Agent(0x00001))));
+        assert_eq!(
+            Route::Agent(0x00001).socket_name(),
+            "softverbs-cm/agent/00001"
+        );
+    }
+
+    #[test]
+    fn other_classes_versions_and_attributes_are_not_routed() {
+        let good = req(1, 2);
+        let mut m = good;
+        m[0] = 2;
+        assert_eq!(route(&m), None, "base version 2");
+        let mut m = good;
+        m[1] = 0x01;
+        assert_eq!(route(&m), None, "subnet management");
+        for attr in [0x0001, 0x000f, 0x0019, 0x001a, 0x0110, 0xffff] {
+            assert_eq!(route(&mad(attr)), None, "attribute {attr:#x}");
+        }
+    }
+
+    #[test]
+    fn a_request_for_no_service_gets_the_answer_of_a_host_cm() {
+        let r = req(0xabcde123, 0x0106_0000_0000_4e21);
+        let rej = reject_for(&r);
+        assert_eq!(
+            &rej[0..4],
+            &[1, 7, 2, 3],
+            "base version, CM class, v2, Send"
+        );
+        assert_eq!(&rej[8..16], &r[8..16], "same transaction ID");
+        assert_eq!(u16::from_be_bytes([rej[16], rej[17]]), 0x12, "REJ");
+        assert_eq!(be32_at(&rej, 24), 0, "local comm ID");
+        assert_eq!(be32_at(&rej, 28), 0xabcde123, "remote comm ID: the REQ's");
+        assert_eq!(rej[32] >> 6, 0, "message rejected: REQ");
+        assert_eq!(
+            u16::from_be_bytes([rej[34], rej[35]]),
+            8,
+            "invalid service ID"
+        );
+        assert!(rej[36..].iter().all(|&b| b == 0));
+        assert_eq!(route(&rej), Some((CmAttr::Rej, Route::Agent(0xabcde))));
+
+        let mut s = mad(0x17);
+        s[24..28].copy_from_slice(&0xabcd_e001u32.to_be_bytes());
+        s[32..40].copy_from_slice(&0x0111_0000_0000_0007u64.to_be_bytes());
+        let rep = sidr_unsupported_for(&s);
+        assert_eq!(&rep[0..4], &[1, 7, 2, 3]);
+        assert_eq!(&rep[8..16], &s[8..16]);
+        assert_eq!(u16::from_be_bytes([rep[16], rep[17]]), 0x18, "SIDR_REP");
+        assert_eq!(be32_at(&rep, 24), 0xabcd_e001, "request ID");
+        assert_eq!(rep[28], 1, "status: service ID not supported");
+        assert_eq!(be64_at(&rep, 36), 0x0111_0000_0000_0007, "service ID");
+        assert_eq!(route(&rep), Some((CmAttr::SidrRep, Route::Agent(0xabcde))));
+    }
+
+    #[test]
+    fn a_gsi_datagram_is_a_ud_send_from_qp1_to_qp1_that_parses_back() {
+        let r = req(7, 9);
+        for (src, dst) in [
+            (
+                IpAddr::from(Ipv4Addr::new(10, 0, 0, 1)),
+                "10.0.0.2".parse().unwrap(),
+            ),
+            ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap()),
+        ] {
+            let d = gsi_datagram(src, dst, 0x123456, &r).expect("datagram");
+            let p = Datagram::parse(&d).expect("parses, ICRC included");
+            assert_eq!((p.ip.src(), p.ip.dst()), (src, dst));
+            assert_eq!(
+                p.udp.src_port, 4791,
+                "the engine's socket's port, as the ICRC says"
+            );
+            assert_eq!(p.headers.bth.opcode.to_u8(), 0x64);
+            assert_eq!((p.headers.bth.dest_qp, p.headers.bth.pkey), (1, 0xffff));
+            let deth = p.headers.deth.expect("DETH");
+            assert_eq!((deth.qkey, deth.src_qp), (0x8001_0000, 1));
+            assert_eq!(gsi_mad(&p), Some(&r));
+        }
+        assert!(
+            gsi_datagram(
+                "10.0.0.1".parse().unwrap(),
+                "fd00::2".parse().unwrap(),
+                0,
+                &r
+            )
+            .is_none(),
+            "no IPv4 packet to an IPv6 address"
+        );
+    }
+
+    /// A UD SEND-only datagram to `qpn` with `qkey`, `pkey` and `payload`.
+    fn ud(qpn: u32, qkey: u32, pkey: u16, payload: &[u8]) -> Vec<u8> {
+        let ip = IpRepr::between("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()).unwrap();
+        let mut bth = Bth::new(Opcode::UD_SEND_ONLY, qpn, Psn::new(1));
+        bth.pkey = pkey;
+        let mut h = Headers::new(bth);
+        h.deth = Some(Deth { qkey, src_qp: 1 });
+        let mut buf = vec![0u8; 512];
+        let n = emit_datagram(&ip, 4791, &h, payload, &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn only_cm_mads_in_gsi_packets_are_taken() {
+        let r = req(7, 9);
+        let ok = ud(1, GSI_QKEY, 0xffff, &r);
+        assert!(gsi_mad(&Datagram::parse(&ok).unwrap()).is_some());
+        let limited = ud(1, GSI_QKEY, 0x7fff, &r);
+        assert!(gsi_mad(&Datagram::parse(&limited).unwrap()).is_some());
+        let mut not_cm = r;
+        not_cm[1] = 0x03;
+        for (what, d) in [
+            ("wrong Q_Key", ud(1, 0x1234, 0xffff, &r)),
+            ("another partition", ud(1, GSI_QKEY, 0x8001, &r)),
+            ("QP 2", ud(2, GSI_QKEY, 0xffff, &r)),
+            ("short", ud(1, GSI_QKEY, 0xffff, &r[..252])),
+            ("not CM", ud(1, GSI_QKEY, 0xffff, &not_cm)),
+        ] {
+            assert_eq!(gsi_mad(&Datagram::parse(&d).unwrap()), None, "{what}");
+        }
+    }
+
+    fn recv_envelope(s: &OwnedFd) -> Option<Envelope> {
+        let mut b = [0u8; 512];
+        let (n, _) = rustix::net::recv(s, &mut b[..], RecvFlags::DONTWAIT).ok()?;
+        Envelope::decode(&b[..n])
+    }
+
+    fn dgram_bound(name: &str) -> OwnedFd {
+        let s = socket_with(
+            AddressFamily::UNIX,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        bind(
+            &s,
+            &SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap(),
+        )
+        .unwrap();
+        s
+    }
+
+    /// The engine's socket logic end to end on one host, without the network: envelopes in,
+    /// datagrams out, datagrams in, envelopes or answers out. Names are unique to this test
+    /// process so parallel runs do not meet.
+    #[test]
+    fn envelopes_and_packets_are_routed_answered_and_counted() {
+        let pid = std::process::id();
+        let me: IpAddr = Ipv4Addr::new(127, 80 + (pid % 100) as u8, (pid >> 8) as u8, 1).into();
+        let peer: IpAddr = "10.9.9.9".parse().unwrap();
+        let mut g = Gsi::bind(me).expect("bind the engine's CM socket");
+        let agent_id = 0x80000 | (pid & 0xffff);
+        let sid = 0x0106_0000_0000_0000 | u64::from(pid);
+        let agent = dgram_bound(&agent_name(agent_id));
+        let listener = dgram_bound(&service_name(sid));
+
+        // Out: an agent's REQ from our address; one from a foreign one; garbage.
+        let engine = SocketAddrUnix::new_abstract_name(engine_cm_name(me).as_bytes()).unwrap();
+        let r = req(agent_id << 12 | 0x123, sid);
+        let mut e = Envelope {
+            flags: 0,
+            src: gid_of(me),
+            dst: gid_of(peer),
+            src_qpn: 1,
+            mad: r,
+        };
+        sendto(&agent, &e.encode(), SendFlags::empty(), &engine).unwrap();
+        e.src = gid_of("10.1.1.1".parse().unwrap());
+        sendto(&agent, &e.encode(), SendFlags::empty(), &engine).unwrap();
+        sendto(&agent, b"hello", SendFlags::empty(), &engine).unwrap();
+        sendto(&agent, &[0u8; 2000], SendFlags::empty(), &engine).unwrap();
+        let mut out = Vec::new();
+        assert!(g.outgoing(|a| a == me, &mut out));
+        assert_eq!(out.len(), 1, "only the good envelope goes out");
+        assert_eq!(out[0].0, peer);
+        let sent = Datagram::parse(&out[0].1).unwrap();
+        assert_eq!((sent.ip.src(), sent.ip.dst()), (me, peer));
+        assert_eq!(gsi_mad(&sent), Some(&r));
+        assert_eq!(
+            (
+                g.counts.sent,
+                g.counts.foreign_source,
+                g.counts.bad_envelopes
+            ),
+            (1, 1, 2)
+        );
+
+        // In: the REQ reaches the listener, marked as from the network.
+        let wire_req = gsi_datagram(peer, me, 5, &r).unwrap();
+        out.clear();
+        g.incoming(&wire_req, &mut out);
+        assert!(out.is_empty());
+        let got = recv_envelope(&listener).expect("the listener got the REQ");
+        assert_eq!(got.flags, FROM_NETWORK);
+        assert_eq!(
+            (got.src, got.dst, got.src_qpn),
+            (gid_of(peer), gid_of(me), 1)
+        );
+        assert_eq!(got.mad, r);
+
+        // A REP for the agent's comm ID reaches the agent.
+        let mut rep = mad(0x13);
+        rep[24..28].copy_from_slice(&0x7777_7777u32.to_be_bytes());
+        rep[28..32].copy_from_slice(&(agent_id << 12 | 0x123).to_be_bytes());
+        g.incoming(&gsi_datagram(peer, me, 6, &rep).unwrap(), &mut out);
+        assert_eq!(recv_envelope(&agent).map(|e| e.mad), Some(rep));
+
+        // A REQ for a service nobody has: a REJ back to the sender.
+        let lonely = req(0x4242_4242, sid ^ 0xffff_0000);
+        g.incoming(&gsi_datagram(peer, me, 7, &lonely).unwrap(), &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, peer);
+        let back = Datagram::parse(&out[0].1).unwrap();
+        assert_eq!((back.ip.src(), back.ip.dst()), (me, peer));
+        assert_eq!(gsi_mad(&back), Some(&reject_for(&lonely)));
+        // A REP for nobody, a corrupted packet and a non-CM MAD: dropped.
+        out.clear();
+        let mut orphan = rep;
+        orphan[28] ^= 0x40;
+        g.incoming(&gsi_datagram(peer, me, 8, &orphan).unwrap(), &mut out);
+        let mut bad = gsi_datagram(peer, me, 9, &r).unwrap();
+        let at = bad.len() - 30;
+        bad[at] ^= 1;
+        g.incoming(&bad, &mut out);
+        g.incoming(&bad[..20], &mut out);
+        let mut other = r;
+        other[1] = 0x04;
+        g.incoming(&gsi_datagram(peer, me, 10, &other).unwrap(), &mut out);
+        assert!(out.is_empty(), "nothing answers those");
+        let c = g.counts;
+        assert_eq!(
+            (
+                c.received,
+                c.delivered,
+                c.rejected_no_listener,
+                c.no_receiver
+            ),
+            (4, 2, 1, 1)
+        );
+        assert_eq!((c.bad_packets, c.icrc_errors), (3, 1));
+        assert_eq!(c.dropped, 3 + 1 + 3, "envelopes, no receiver, bad packets");
+        assert_eq!(c.sent, 2, "the agent's REQ and the engine's REJ");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Arbitrary bytes as envelopes, MADs and packets to QP1 (raw, and as well-formed GSI
+        /// packets whose MAD is arbitrary but for a CM header): nothing panics, every packet
+        /// is counted once, and only a REQ or SIDR_REQ is ever answered, once.
+        #[test]
+        fn arbitrary_input_never_panics_and_is_counted(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), MAD_LEN),
+            attr in 0x000fu16..0x001b,
+        ) {
+            let _ = Envelope::decode(&raw);
+            let mut m = [0u8; MAD_LEN];
+            m.copy_from_slice(&body);
+            let _ = route(&m);
+            m[0] = MAD_BASE_VERSION;
+            m[1] = MGMT_CLASS_CM;
+            m[16..18].copy_from_slice(&attr.to_be_bytes());
+            let mut g = Gsi::unbound();
+            let mut out = Vec::new();
+            g.incoming(&raw, &mut out);
+            proptest::prop_assert!(out.is_empty());
+            let me: IpAddr = "10.0.0.2".parse().unwrap();
+            let d = gsi_datagram("10.0.0.1".parse().unwrap(), me, 3, &m).unwrap();
+            g.incoming(&d, &mut out);
+            let c = g.counts;
+            proptest::prop_assert_eq!(c.wire_received, 2);
+            proptest::prop_assert_eq!(c.received + c.bad_packets, 2);
+            let answered = matches!(CmAttr::from_id(attr), Some(CmAttr::Req | CmAttr::SidrReq));
+            proptest::prop_assert_eq!(out.len(), usize::from(answered));
+            proptest::prop_assert_eq!(c.rejected_no_listener, u64::from(answered));
+            proptest::prop_assert_eq!(c.sent, u64::from(answered));
+        }
+    }
+}
