@@ -387,7 +387,11 @@ impl Cm {
     /// Binds id `i` to `addr` (port 0: any free port); errno on failure.
     pub fn bind(&mut self, i: u32, addr: SocketAddr) -> Result<(), c_int> {
         let ip = addr::canonical(addr.ip());
-        let place = if ip.is_unspecified() {
+        // A loopback address is bound to no device yet, like the wildcard: requests to it
+        // come on whichever device, and connecting from it takes the first device (the
+        // kernel's `cma_resolve_loopback`). libfabric relies on this: it binds `localhost`
+        // and, finding no device on the id, lists the devices' own addresses.
+        let place = if ip.is_unspecified() || ip.is_loopback() {
             None
         } else {
             Some(device::place_of(ip).ok_or(libc::EADDRNOTAVAIL)?)

@@ -28,9 +28,6 @@ unsafe impl Sync for Dev {}
 
 static DEVICES: OnceLock<Vec<Dev>> = OnceLock::new();
 
-/// The GID a loopback address maps to: the default device `softverbs0` holds it.
-const LOOPBACK_GID: Ipv4Addr = Ipv4Addr::LOCALHOST;
-
 /// Every device, opened.
 pub fn devices() -> &'static [Dev] {
     DEVICES.get_or_init(open_all)
@@ -95,15 +92,24 @@ pub struct Place {
     pub gid_index: usize,
 }
 
-/// The device and GID of local address `ip`: the device whose GID table holds it; loopback
-/// addresses to the device holding 127.0.0.1 (`softverbs0`), as the kernel's CM maps them.
+/// The device and GID of local address `ip`: the device whose GID table holds it. A
+/// loopback address belongs to the first device, as the kernel's CM binds loopback to the
+/// first active device (`cma_bind_loopback`): with the default devices that is `softverbs0`,
+/// whose GID is 127.0.0.1; under `softverbs run --netdev` it is `roce0`, at its IPv4 GID,
+/// so that programs probing `localhost` (libfabric does) find the networked device.
 pub fn place_of(ip: IpAddr) -> Option<Place> {
     let ip = canonical(ip);
-    let want = if ip.is_loopback() {
-        gid_of(IpAddr::V4(LOOPBACK_GID))
-    } else {
-        gid_of(ip)
-    };
+    if ip.is_loopback() {
+        let d = devices().first()?;
+        let gid_index = d
+            .gids
+            .iter()
+            .position(is_loopback_gid)
+            .or_else(|| d.gids.iter().position(|g| crate::addr::ip_of(g).is_ipv4()))
+            .unwrap_or(0);
+        return Some(Place { dev: 0, gid_index });
+    }
+    let want = gid_of(ip);
     devices().iter().enumerate().find_map(|(dev, d)| {
         let gid_index = d.gids.iter().position(|g| *g == want)?;
         Some(Place { dev, gid_index })

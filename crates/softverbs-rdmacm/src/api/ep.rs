@@ -77,11 +77,18 @@ pub unsafe extern "C" fn sv_rdma_getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if res.is_null() || (node.is_null() && service.is_null()) {
-        return rc(Err(libc::EINVAL));
-    }
     // SAFETY: the caller's contract.
     let h = unsafe { hints.as_ref() };
+    // With neither node nor service, the hints' addresses are the answer (librdmacm's rule).
+    // SAFETY: the hints' addresses, if any, are readable.
+    let (hint_src, hint_dst) = h.map_or((None, None), |h| unsafe {
+        (addr::from_c(h.ai_src_addr), addr::from_c(h.ai_dst_addr))
+    });
+    if res.is_null()
+        || (node.is_null() && service.is_null() && hint_src.is_none() && hint_dst.is_none())
+    {
+        return rc(Err(libc::EINVAL));
+    }
     let flags = h.map_or(0, |h| h.ai_flags);
     let passive = flags & RAI_PASSIVE != 0;
     let ps = h.map_or(0, |h| h.ai_port_space);
@@ -99,13 +106,19 @@ pub unsafe extern "C" fn sv_rdma_getaddrinfo(
             (!service.is_null()).then(|| CStr::from_ptr(service)),
         )
     };
-    let addrs = match lookup(node, service, passive, flags & RAI_NUMERICHOST != 0, family) {
-        Ok(a) => a,
-        Err(e) => return e,
+    let addrs = if node.is_none() && service.is_none() {
+        let a = if passive {
+            hint_src
+        } else {
+            hint_dst.or(hint_src)
+        };
+        a.into_iter().collect()
+    } else {
+        match lookup(node, service, passive, flags & RAI_NUMERICHOST != 0, family) {
+            Ok(a) => a,
+            Err(e) => return e,
+        }
     };
-    // A hint's source address, for an active lookup.
-    // SAFETY: the hints' address, if any, is readable.
-    let hint_src = h.and_then(|h| unsafe { addr::from_c(h.ai_src_addr) });
     let mut head: *mut rdma_addrinfo = std::ptr::null_mut();
     for a in addrs.into_iter().rev() {
         let (st, len) = addr::to_c(a);
@@ -123,9 +136,10 @@ pub unsafe extern "C" fn sv_rdma_getaddrinfo(
         };
         info.ai.ai_qp_type = qp_type;
         info.ai.ai_port_space = ps;
-        if passive {
+        if passive || (hint_dst.is_none() && node.is_none() && service.is_none()) {
             info.src = st;
             info.ai.ai_src_len = len;
+            info.ai.ai_flags |= RAI_PASSIVE;
         } else {
             info.dst = st;
             info.ai.ai_dst_len = len;
