@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use support::{have_tools, show};
+use support::{finish, have_tools, kill, show, spawn};
 
 const SOFTVERBS: &str = env!("CARGO_BIN_EXE_softverbs");
 /// The longest any one tool may run.
@@ -90,46 +90,6 @@ fn ipv4_gid_index(h: &HostNs) -> String {
         .and_then(|l| l.split(']').next())
         .map(|i| i.trim().to_owned());
     mapped.unwrap_or_else(|| panic!("no IPv4-mapped GID on {}: {text}", h.ifname))
-}
-
-fn spawn(cmd: &mut Command) -> Child {
-    // Its own process group: a child that hangs is killed with everything it started
-    // (but not the engine, which is in a group of its own and leaves with its clients).
-    cmd.process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn")
-}
-
-fn kill(child: &mut Child) {
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
-    let _ = child.kill();
-}
-
-/// Waits for every child until `limit` has passed; those still running then are killed.
-/// Their outputs, in order (a killed one's status says so).
-fn finish(mut children: Vec<(&str, Child)>, limit: Duration) -> Vec<Output> {
-    let end = Instant::now() + limit;
-    while Instant::now() < end
-        && children
-            .iter_mut()
-            .any(|(_, c)| c.try_wait().expect("try_wait").is_none())
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    children
-        .into_iter()
-        .map(|(_, mut c)| {
-            if c.try_wait().expect("try_wait").is_none() {
-                kill(&mut c);
-            }
-            c.wait_with_output().expect("output")
-        })
-        .collect()
 }
 
 /// `softverbs nic` of `roce0` on `h`: the engine's report, or why there is none.

@@ -9,7 +9,8 @@
 //!
 //! Hazards, accepted for now:
 //! - a thread that writes the range (or a neighbouring heap object in the same pages) between
-//!   the copy and the remap loses that write;
+//!   the copy and the remap loses that write (softverbs' own threads avoid this through
+//!   [`sv_softverbs_inplace_exclusive`]; the program's threads are the program's);
 //! - the pages are shared, not copy-on-write, with a child made by `fork` (rdma-core marks
 //!   MR pages don't-fork for a similar reason);
 //! - after the last registration of a range is gone its memfd is closed; the mapping stays
@@ -68,6 +69,26 @@ fn private_anon(start: usize, end: usize) -> bool {
         }
     }
     false
+}
+
+/// `softverbs_inplace_exclusive(cb, arg)`: runs `cb(arg)` while no registration is moving
+/// memory. A library thread of softverbs itself (the CM agent of the drop-in librdmacm)
+/// runs its work inside it, so that it is never the other thread of the first hazard above:
+/// its allocations and frees touch heap pages that a registration on the program's thread
+/// may be copying. `cb` must not register memory.
+///
+/// # Safety
+/// `cb` is NULL or a function that may be called with `arg`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_softverbs_inplace_exclusive(
+    cb: Option<unsafe extern "C" fn(*mut core::ffi::c_void)>,
+    arg: *mut core::ffi::c_void,
+) {
+    let _held = MOVED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cb) = cb {
+        // SAFETY: the caller's contract.
+        unsafe { cb(arg) };
+    }
 }
 
 /// Moves `addr..addr + len` into a memfd (or reuses the one it is already in) and returns the

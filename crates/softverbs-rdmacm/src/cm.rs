@@ -186,6 +186,8 @@ pub struct Conn {
     /// CQs and channels this library made for the id's QP.
     pub own_cqs: bool,
     pub private_channel: Option<Box<Channel>>,
+    /// The host engine holds this connection's DREQ, to send if the process dies.
+    leased: bool,
 }
 
 // SAFETY: the raw pointers are the program's objects and ours, used under the CM lock.
@@ -317,6 +319,7 @@ impl Cm {
                 held_event: std::ptr::null_mut(),
                 own_cqs: false,
                 private_channel: private,
+                leased: false,
             },
         );
         Some(id)
@@ -622,14 +625,27 @@ impl Cm {
         dest: Dest,
         m: &[u8; mad::MAD_LEN],
     ) -> bool {
+        self.send_flagged(0, sgid, dgid, dest, m)
+    }
+
+    /// As [`Self::send_from`], with envelope `flags` ([`wire::LEASE`] and [`wire::CANCEL`]
+    /// go to the host engine whatever the destination).
+    fn send_flagged(
+        &mut self,
+        flags: u8,
+        sgid: [u8; 16],
+        dgid: [u8; 16],
+        dest: Dest,
+        m: &[u8; mad::MAD_LEN],
+    ) -> bool {
         let env = Envelope {
-            from_network: false,
+            flags,
             sgid,
             dgid,
             src_qpn: 1,
             mad: *m,
         };
-        let name = if device::is_local_gid(&dgid) {
+        let name = if flags == 0 && device::is_local_gid(&dgid) {
             wire::local_name(dest)
         } else {
             // Another host: its CM is reached through our host engine, which puts the MAD on
@@ -642,7 +658,10 @@ impl Cm {
         } else {
             Sent::Busy
         };
-        log(format_args!("send {} to {name} {sent:?}", describe(m)));
+        log(format_args!(
+            "send {} flags {flags} to {name} {sent:?}",
+            describe(m)
+        ));
         match sent {
             Sent::Done => true,
             Sent::Busy => {
@@ -1149,6 +1168,7 @@ impl Cm {
                 if let Some(c) = self.conns.get_mut(&i) {
                     c.state = State::Established;
                 }
+                self.lease(i);
                 Ok(())
             }
             State::RepSent => {
@@ -1158,6 +1178,54 @@ impl Cm {
             }
             State::Established => Ok(()),
             _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// The DREQ of connection `i`.
+    fn dreq_of(&self, i: u32) -> Option<[u8; mad::MAD_LEN]> {
+        let c = self.conns.get(&i)?;
+        Some(
+            Mad {
+                tid: c.tid,
+                msg: Msg::Dreq(mad::Dreq {
+                    local_comm_id: c.comm_id,
+                    remote_comm_id: c.remote_comm_id,
+                    remote_qpn: c.remote_qpn,
+                    private_data: Vec::new(),
+                }),
+            }
+            .emit(),
+        )
+    }
+
+    /// Connection `i` is up with a peer on another host: its host engine keeps the DREQ,
+    /// to send should this process die (see [`wire::LEASE`]).
+    fn lease(&mut self, i: u32) {
+        let Some(c) = self.conns.get(&i) else { return };
+        if c.leased || device::is_local_gid(&c.dgid) {
+            return;
+        }
+        let (sgid, dgid, dest) = (c.sgid, c.dgid, Dest::Agent(c.remote_comm_id >> 12));
+        if let Some(m) = self.dreq_of(i) {
+            if self.send_flagged(wire::LEASE, sgid, dgid, dest, &m) {
+                if let Some(c) = self.conns.get_mut(&i) {
+                    c.leased = true;
+                }
+            }
+        }
+    }
+
+    /// Connection `i` is going down by the book: the engine forgets its lease.
+    fn unlease(&mut self, i: u32) {
+        let Some(c) = self.conns.get_mut(&i) else {
+            return;
+        };
+        if !std::mem::replace(&mut c.leased, false) {
+            return;
+        }
+        let (sgid, dgid, dest) = (c.sgid, c.dgid, Dest::Agent(c.remote_comm_id >> 12));
+        if let Some(m) = self.dreq_of(i) {
+            self.send_flagged(wire::CANCEL, sgid, dgid, dest, &m);
         }
     }
 
@@ -1179,6 +1247,7 @@ impl Cm {
     /// `rdma_disconnect`: QP to ERR, then DREQ (or DREP if the peer's DREQ came first).
     pub fn disconnect(&mut self, i: u32) -> Result<(), c_int> {
         let state = self.conns.get(&i).ok_or(libc::EINVAL)?.state;
+        self.unlease(i);
         match state {
             State::Established | State::RepSent | State::RepRcvd => {
                 self.qp_to_err(i);
@@ -1280,6 +1349,7 @@ impl Cm {
             }
             _ => {}
         }
+        self.unlease(i);
         if let Some(c) = self.conns.remove(&i) {
             // SAFETY: the channel outlives its ids.
             unsafe { (*c.channel).forget(c.id.cast()) };
@@ -1301,6 +1371,9 @@ impl Cm {
     /// One envelope that came to socket `on` (the agent's, or listener `Some(i)`'s).
     fn handle(&mut self, listener: Option<u32>, env: Envelope) {
         log(format_args!("recv {} on {listener:?}", describe(&env.mad)));
+        if env.flags & !wire::FROM_NETWORK != 0 {
+            return;
+        }
         let Ok(m) = Mad::parse(&env.mad) else { return };
         match m.msg {
             Msg::Req(r) => self.on_req(listener, &env, m.tid, r),
@@ -1582,6 +1655,7 @@ impl Cm {
             Ok(()) => {
                 self.send_rtu(i);
                 self.conns.get_mut(&i).expect("found").state = State::Established;
+                self.lease(i);
                 let e = Event::new(id.cast(), RDMA_CM_EVENT_ESTABLISHED, 0)
                     .with_conn(conn, &r.private_data);
                 self.post(i, e);
@@ -1617,6 +1691,7 @@ impl Cm {
         c.pending = None;
         c.state = State::Established;
         let id = c.id;
+        self.lease(i);
         self.post(i, Event::new(id.cast(), RDMA_CM_EVENT_ESTABLISHED, 0));
     }
 
@@ -1667,6 +1742,7 @@ impl Cm {
             return;
         };
         let id = self.conns[&i].id;
+        self.unlease(i);
         match self.conns[&i].state {
             State::Established | State::RepSent | State::RepRcvd => {
                 let c = self.conns.get_mut(&i).expect("found");
@@ -1835,13 +1911,23 @@ impl Cm {
 }
 
 fn agent_loop() {
-    use std::os::fd::AsRawFd;
     let mut buf = [0u8; 512];
+    let mut wait: Option<(Vec<(Option<u32>, c_int)>, c_int, Duration)> = None;
     loop {
-        let (socks, wake, timeout) = {
-            let Some(mut cm) = cm() else { return };
-            let t = cm.tick();
-            (cm.sockets(), cm.wake.0, t)
+        // Everything but the wait runs where no registration moves heap pages (see
+        // `verbs::without_moves`): this thread allocates and frees.
+        let mut alive = true;
+        crate::verbs::without_moves(&mut || {
+            if let Some((socks, wake, _)) = &wait {
+                alive = serve(socks, *wake, &mut buf);
+            }
+            wait = cm().map(|mut cm| {
+                let t = cm.tick();
+                (cm.sockets(), cm.wake.0, t)
+            });
+        });
+        let Some((socks, wake, timeout)) = wait.as_ref().filter(|_| alive) else {
+            return;
         };
         let mut fds: Vec<libc::pollfd> = socks
             .iter()
@@ -1850,48 +1936,51 @@ fn agent_loop() {
                 events: libc::POLLIN,
                 revents: 0,
             })
+            .chain([libc::pollfd {
+                fd: *wake,
+                events: libc::POLLIN,
+                revents: 0,
+            }])
             .collect();
-        fds.push(libc::pollfd {
-            fd: wake,
-            events: libc::POLLIN,
-            revents: 0,
-        });
         let ms = timeout.as_millis().clamp(1, 1000) as c_int;
         // SAFETY: a valid pollfd array of the length passed.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if fds.last().is_some_and(|f| f.revents != 0) {
-            // SAFETY: draining our own non-blocking pipe into a live buffer.
-            while unsafe { libc::read(wake, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
-        }
-        let Some(mut cm) = cm() else { return };
-        for (k, (listener, _)) in socks.iter().enumerate() {
-            if fds[k].revents == 0 {
-                continue;
+        // Which sockets to read is decided again under the lock: `serve` reads them all,
+        // non-blocking, so the poll only paces the loop.
+        drop(fds);
+    }
+}
+
+/// Reads and handles what came to the agent's sockets; false when the CM is gone.
+fn serve(socks: &[(Option<u32>, c_int)], wake: c_int, buf: &mut [u8; 512]) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: draining our own non-blocking pipe into a live buffer.
+    while unsafe { libc::read(wake, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+    let Some(mut cm) = cm() else { return false };
+    for (listener, _) in socks {
+        // The socket may have closed since: find it again.
+        let sock = match listener {
+            None => Some(cm.sock.as_raw_fd()),
+            Some(i) => cm
+                .conns
+                .get(i)
+                .and_then(|c| c.port.as_ref())
+                .map(|s| s.as_raw_fd()),
+        };
+        let Some(fd) = sock else { continue };
+        for _ in 0..64 {
+            // SAFETY: a non-blocking receive into a live buffer.
+            let n =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n <= 0 {
+                break;
             }
-            // The socket may have closed since: find it again by fd.
-            let sock = match listener {
-                None => Some(cm.sock.as_raw_fd()),
-                Some(i) => cm
-                    .conns
-                    .get(i)
-                    .and_then(|c| c.port.as_ref())
-                    .map(|s| s.as_raw_fd()),
-            };
-            let Some(fd) = sock else { continue };
-            for _ in 0..64 {
-                // SAFETY: a non-blocking receive into a live buffer.
-                let n = unsafe {
-                    libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
-                };
-                if n <= 0 {
-                    break;
-                }
-                if let Some(env) = Envelope::parse(&buf[..n as usize]) {
-                    cm.handle(*listener, env);
-                }
+            if let Some(env) = Envelope::parse(&buf[..n as usize]) {
+                cm.handle(*listener, env);
             }
         }
     }
+    true
 }
 
 /// Runs `f` with the CM and id `id`'s index; errno EINVAL for an unknown id, ENODEV when

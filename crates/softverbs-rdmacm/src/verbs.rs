@@ -33,6 +33,31 @@ pub struct Verbs {
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
     pub create_srq: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq,
     pub destroy_srq: unsafe extern "C" fn(*mut ibv_srq) -> c_int,
+    /// softverbs' own `softverbs_inplace_exclusive` (`None` under another libibverbs).
+    pub inplace_exclusive: Option<InplaceExclusive>,
+}
+
+/// `softverbs_inplace_exclusive(cb, arg)` of the drop-in libibverbs.
+pub type InplaceExclusive =
+    unsafe extern "C" fn(Option<unsafe extern "C" fn(*mut c_void)>, *mut c_void);
+
+/// Runs `f` while the drop-in libibverbs moves no memory into a memfd (see its `inplace`
+/// module): the CM agent's allocations must not land on heap pages a registration on the
+/// program's thread is copying, or the program's heap is corrupted.
+pub fn without_moves(f: &mut dyn FnMut()) {
+    unsafe extern "C" fn call(arg: *mut c_void) {
+        // SAFETY: `arg` is the `&mut &mut dyn FnMut()` below, alive for this call.
+        let f = unsafe { &mut *(arg as *mut &mut dyn FnMut()) };
+        f();
+    }
+    match verbs().and_then(|v| v.inplace_exclusive) {
+        Some(ex) => {
+            let mut f = f;
+            // SAFETY: `call` is given the pointer to `f`, which outlives the call.
+            unsafe { ex(Some(call), (&mut f as *mut &mut dyn FnMut()).cast()) }
+        }
+        None => f(),
+    }
 }
 
 static VERBS: OnceLock<Option<Verbs>> = OnceLock::new();
@@ -89,5 +114,12 @@ fn load() -> Option<Verbs> {
         modify_qp: sym!("ibv_modify_qp"),
         create_srq: sym!("ibv_create_srq"),
         destroy_srq: sym!("ibv_destroy_srq"),
+        inplace_exclusive: {
+            // SAFETY: as above; absent from another libibverbs, which is fine.
+            let p = unsafe { libc::dlsym(h, c"softverbs_inplace_exclusive".as_ptr()) };
+            // SAFETY: the drop-in's function of that name has this signature.
+            (!p.is_null())
+                .then(|| unsafe { std::mem::transmute::<*mut c_void, InplaceExclusive>(p) })
+        },
     })
 }

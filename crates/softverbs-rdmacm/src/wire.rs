@@ -40,9 +40,18 @@ impl Dest {
     }
 }
 
+/// Envelope flag: the MAD came from the network (set by an engine only).
+pub const FROM_NETWORK: u8 = 0x01;
+/// Envelope flag, to an engine: keep this DREQ and send it if the sending process dies
+/// (the kernel's CM sends one when a process dies; ours dies with the process).
+pub const LEASE: u8 = 0x02;
+/// Envelope flag, to an engine: forget the lease with this DREQ's local comm ID.
+pub const CANCEL: u8 = 0x04;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Envelope {
-    pub from_network: bool,
+    /// [`FROM_NETWORK`], [`LEASE`], [`CANCEL`].
+    pub flags: u8,
     pub sgid: [u8; 16],
     pub dgid: [u8; 16],
     pub src_qpn: u32,
@@ -54,7 +63,7 @@ impl Envelope {
         let mut b = [0u8; ENVELOPE_LEN];
         b[..4].copy_from_slice(b"SVCM");
         b[4] = 1;
-        b[5] = u8::from(self.from_network);
+        b[5] = self.flags;
         b[8..24].copy_from_slice(&self.sgid);
         b[24..40].copy_from_slice(&self.dgid);
         b[40..44].copy_from_slice(&self.src_qpn.to_be_bytes());
@@ -67,7 +76,7 @@ impl Envelope {
             return None;
         }
         Some(Envelope {
-            from_network: b[5] & 1 != 0,
+            flags: b[5],
             sgid: b[8..24].try_into().ok()?,
             dgid: b[24..40].try_into().ok()?,
             src_qpn: u32::from_be_bytes(b[40..44].try_into().ok()?),
@@ -174,7 +183,7 @@ mod tests {
     #[test]
     fn envelopes_round_trip_and_refuse_garbage() {
         let e = Envelope {
-            from_network: true,
+            flags: FROM_NETWORK,
             sgid: [1; 16],
             dgid: [2; 16],
             src_qpn: 1,

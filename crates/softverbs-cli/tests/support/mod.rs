@@ -1,10 +1,13 @@
 //! What the CLI's integration tests share: whether the real clients they run are installed
-//! (skip with a message, or fail under `CI=true`), and how a finished process is shown.
+//! (skip with a message, or fail under `CI=true`), how their processes are started, bounded
+//! and killed, and how a finished process is shown.
 
 #![allow(dead_code)]
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Output;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// `CI=true`: whatever a test needs must be there.
 pub fn ci() -> bool {
@@ -48,4 +51,45 @@ pub fn show(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// Starts `cmd` with piped output, in a process group of its own.
+pub fn spawn(cmd: &mut Command) -> Child {
+    // Its own process group: a child that hangs is killed with everything it started
+    // (but not the engine, which is in a group of its own and leaves with its clients).
+    cmd.process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+pub fn kill(child: &mut Child) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+    let _ = child.kill();
+}
+
+/// Waits for every child until `limit` has passed; those still running then are killed.
+/// Their outputs, in order (a killed one's status says so).
+pub fn finish(mut children: Vec<(&str, Child)>, limit: Duration) -> Vec<Output> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end
+        && children
+            .iter_mut()
+            .any(|(_, c)| c.try_wait().expect("try_wait").is_none())
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    children
+        .into_iter()
+        .map(|(_, mut c)| {
+            if c.try_wait().expect("try_wait").is_none() {
+                kill(&mut c);
+            }
+            c.wait_with_output().expect("output")
+        })
+        .collect()
 }
