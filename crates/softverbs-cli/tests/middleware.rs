@@ -55,13 +55,55 @@ fn softverbs_run(args: &[&str], devices: Option<&str>) -> Command {
     cmd
 }
 
-/// Waits for `child` up to `limit`; kills its process group if it is still running then.
+/// `pid` and every process below it, from /proc's parent links.
+fn tree(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let p: u32 = e.file_name().to_str()?.parse().ok()?;
+                    let st = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+                    // `pid (comm) state ppid ...`: the name may hold spaces.
+                    let ppid = st
+                        .rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse()
+                        .ok()?;
+                    Some((p, ppid))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        out.extend(
+            parents
+                .iter()
+                .filter(|&&(_, pp)| pp == parent)
+                .map(|&(p, _)| p),
+        );
+        i += 1;
+    }
+    out
+}
+
+/// Waits for `child` up to `limit`; if it is still running then, kills it and everything
+/// it started (mpirun's ranks leave its process group, so the group is not enough).
 fn finish(mut child: Child, limit: Duration) -> (Output, bool) {
     let end = Instant::now() + limit;
     let mut timed_out = false;
     while child.try_wait().expect("try_wait").is_none() {
         if Instant::now() > end {
             timed_out = true;
+            for p in tree(child.id()) {
+                if let Some(pid) = rustix::process::Pid::from_raw(p as i32) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
             if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
                 let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
             }

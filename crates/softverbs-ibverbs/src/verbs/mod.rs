@@ -216,8 +216,9 @@ static DEVICES: OnceLock<std::result::Result<Vec<SvDevice>, Error>> = OnceLock::
 pub(crate) static SYSFS_ROOT: OnceLock<std::ffi::CString> = OnceLock::new();
 
 /// Writes the sysfs tree of `nics` and returns its root, or None (with one line on stderr)
-/// when there is no room for it: then the paths name the kernel's tree, where the devices
-/// are not, as they did before softverbs had a tree.
+/// when there is no room for it: then the paths name the kernel's tree, as rdma-core's do,
+/// and a program looking there finds nothing of ours (Open MPI's openib then skips the
+/// device) rather than a path that cannot be opened at all.
 fn sysfs_root(nics: &[Arc<Device>]) -> Option<String> {
     let refs: Vec<&Device> = nics.iter().map(|n| &**n).collect();
     let err = match crate::sysfs::publish(&refs) {
