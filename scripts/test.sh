@@ -46,11 +46,14 @@ fi
 # ibverbs-utils (ibv_devices, ibv_devinfo, ibv_*_pingpong) and perftest (ib_write_lat, ...),
 # run over the drop-in libibverbs.so.1; libibverbs-dev (verbs.h, for the struct-layout test);
 # python3-scapy (its RoCE layer computes the ICRC independently of ours); tshark (Wireshark's
-# RoCEv2 dissector reads the captures); iputils-ping (the network-namespace tests). Installed from
-# Debian when running as root; without them those tests are skipped, except under CI=true,
-# where this stops here.
-packages=(ibverbs-utils perftest libibverbs-dev python3-scapy tshark iputils-ping)
-rdma_tools=(ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_lat tshark ping)
+# RoCEv2 dissector reads the captures); iputils-ping (the network-namespace tests); the
+# middleware of tests/middleware.rs: ucx-utils (ucx_info, ucx_perftest), qperf, openmpi-bin
+# and libopenmpi-dev (mpirun, mpicc). Installed from Debian when running as root; without
+# them those tests are skipped, except under CI=true, where this stops here.
+packages=(ibverbs-utils perftest libibverbs-dev python3-scapy tshark iputils-ping
+    ucx-utils qperf openmpi-bin libopenmpi-dev)
+rdma_tools=(ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_lat tshark ping
+    ucx_info ucx_perftest qperf mpirun mpicc)
 packages_missing() {
     local t
     for t in "${rdma_tools[@]}"; do
@@ -71,6 +74,25 @@ if packages_missing; then
         missing "${rdma_tools[*]} / infiniband/verbs.h / python3 scapy" "$hint"
     fi
     printf 'scripts/test.sh: test packages missing; their tests will be skipped. %s\n' "$hint" >&2
+fi
+
+# --- UCX's device check ---------------------------------------------------------------------
+# UCX lists an IB device only if /dev/infiniband/<dev_name> is a character device the user
+# may read and write (it never opens it). softverbs devices have no character device, so
+# softverbs0's node (uverbs0) is made a link to /dev/null, when running as root and the name
+# is free (a real HCA's uverbs0 passes the check as it is). Without it the UCX tests are
+# skipped, except under CI=true, where they fail.
+ucx_node=/dev/infiniband/uverbs0
+if [[ ! -e "$ucx_node" && "$(id -u)" == 0 ]]; then
+    run mkdir -p /dev/infiniband
+    run ln -s /dev/null "$ucx_node" || true
+fi
+if [[ ! -c "$ucx_node" ]]; then
+    hint="As root: mkdir -p /dev/infiniband && ln -s /dev/null $ucx_node"
+    if $ci; then
+        missing "$ucx_node (a character device, for UCX)" "$hint"
+    fi
+    printf 'scripts/test.sh: %s missing; the UCX tests will be skipped. %s\n' "$ucx_node" "$hint" >&2
 fi
 
 # --- Build once, then test on that build ---------------------------------------------------

@@ -29,6 +29,7 @@ mod ext;
 mod inplace;
 mod mrlayout;
 mod rates;
+mod sysfs;
 mod verbs;
 
 include!(concat!(env!("OUT_DIR"), "/stubs.rs"));

@@ -5,7 +5,8 @@
 //! RC traffic with SEND, WRITE, READ and both atomics between two QPs, a CQ made with
 //! `ibv_create_cq_ex` and polled with `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and the
 //! `ibv_wc_read_*` readers (its creation errors too), completion events with `O_NONBLOCK` on
-//! the channel fd, async events (a responder's QP_ACCESS_ERR, an SRQ limit), and bad input
+//! the channel fd (not readable once its event is taken; a blocking wait a signal ends with
+//! `EINTR`), async events (a responder's QP_ACCESS_ERR, an SRQ limit), and bad input
 //! (bad access flags → NULL with EINVAL; a wrong QP transition → EINVAL).
 //!
 //! A second C program, `tests/c/poll_cq_ex.c`, uses softverbs' own header

@@ -29,7 +29,7 @@ pub fn have_tools(test: &str, tools: &[&str]) -> bool {
     let mut missing: Vec<String> = tools
         .iter()
         .filter(|t| find_in_path(t).is_none())
-        .map(|t| format!("`{t}` (apt-get install ibverbs-utils perftest)"))
+        .map(|t| format!("`{t}` (apt-get install {})", package_of(t)))
         .collect();
     if !lib.is_file() && !in_deps.is_file() && std::env::var_os("SOFTVERBS_IBVERBS_LIB").is_none() {
         missing.push(format!("{} (cargo build --workspace)", lib.display()));
@@ -41,6 +41,36 @@ pub fn have_tools(test: &str, tools: &[&str]) -> bool {
     assert!(!ci(), "{msg} (CI=true: not skipping)");
     eprintln!("SKIPPED: {msg}");
     false
+}
+
+/// The Debian packages that bring `tool`.
+fn package_of(tool: &str) -> &'static str {
+    match tool {
+        "ucx_info" | "ucx_perftest" => "ucx-utils",
+        "mpicc" | "mpirun" => "openmpi-bin libopenmpi-dev",
+        "qperf" => "qperf",
+        _ => "ibverbs-utils perftest",
+    }
+}
+
+/// A TCP port nothing listens on now.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// True once some socket listens on `port` (IPv4 or IPv6), read from /proc so that a
+/// server's single accept is not used up by a probe.
+pub fn listening(port: u16) -> bool {
+    let hex = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&hex) && cols[3] == "0A"
+            })
+        })
+    })
 }
 
 /// A finished process: its status and both outputs.

@@ -370,11 +370,19 @@ pub unsafe extern "C" fn sv_ibv_get_cq_event(
     let sv = unsafe { &*(ch as *const SvChannel) };
     // Waits unless the program made the channel's descriptor non-blocking.
     let wait = sv.own_fd.is_none() || blocking(sv.ch.fd);
-    let nic_cq = match sv.nic.get_event(wait) {
-        Ok(c) => c,
-        Err(e) => {
-            set_errno(e.errno());
-            return -1;
+    let nic_cq = loop {
+        match sv.nic.get_event(false) {
+            Ok(c) => break c,
+            Err(Error::WouldBlock) if wait => {
+                if let Err(e) = wait_rung(sv.ch.fd) {
+                    set_errno(e);
+                    return -1;
+                }
+            }
+            Err(e) => {
+                set_errno(e.errno());
+                return -1;
+            }
         }
     };
     let map = cq_map().lock().unwrap_or_else(|e| e.into_inner());

@@ -23,8 +23,15 @@ pub unsafe extern "C" fn sv_ibv_get_async_event(
     let sv = unsafe { ctx_of(ctx) };
     let blocking = sv.async_blocking();
     loop {
-        let ev = match sv.nic.events().pop(blocking) {
+        let ev = match sv.nic.events().pop(false) {
             Ok(ev) => ev,
+            Err(Error::WouldBlock) if blocking => {
+                if let Err(e) = wait_rung(sv.vctx.context.async_fd) {
+                    set_errno(e);
+                    return -1;
+                }
+                continue;
+            }
             Err(e) => {
                 set_errno(e.errno());
                 return -1;

@@ -103,6 +103,36 @@ fn blocking(fd: c_int) -> bool {
     fl < 0 || fl & libc::O_NONBLOCK == 0
 }
 
+/// Sleeps until the doorbell pipe `fd` is rung, as rdma-core's `ibv_get_cq_event` and
+/// `ibv_get_async_event` sleep in `read(2)` of the channel: a caught signal ends the sleep
+/// with `EINTR` (Err), unless its handler has `SA_RESTART`. Programs such as qperf stop
+/// their test loop from a `SIGALRM` handler that way, so retrying here would hang them.
+/// A blocking descriptor is read (one wake-up byte; the events themselves are in the NIC's
+/// rings), which the kernel restarts for `SA_RESTART` handlers exactly as it does for
+/// rdma-core; any other is polled, which no handler restarts.
+fn wait_rung(fd: c_int) -> std::result::Result<(), c_int> {
+    let errno = || {
+        // SAFETY: this thread's errno slot.
+        unsafe { *libc::__errno_location() }
+    };
+    if blocking(fd) {
+        let mut b = 0u8;
+        // SAFETY: reads at most one byte into a local.
+        let n = unsafe { libc::read(fd, &mut b as *mut u8 as *mut c_void, 1) };
+        return if n >= 0 { Ok(()) } else { Err(errno()) };
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on the stack.
+    if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
 #[repr(C)]
 struct SvPd {
     pd: ibv_pd,
@@ -181,10 +211,38 @@ impl SvContext {
 /// Built once and never changed, so each `ibv_device` keeps its address for the process's life.
 static DEVICES: OnceLock<std::result::Result<Vec<SvDevice>, Error>> = OnceLock::new();
 
+/// The root of the devices' sysfs tree (`crate::sysfs`), set with [`DEVICES`]; "/sys", as
+/// rdma-core says without devices, when the tree could not be written.
+pub(crate) static SYSFS_ROOT: OnceLock<std::ffi::CString> = OnceLock::new();
+
+/// Writes the sysfs tree of `nics` and returns its root, or None (with one line on stderr)
+/// when there is no room for it: then the paths name the kernel's tree, as rdma-core's do,
+/// and a program looking there finds nothing of ours (Open MPI's openib then skips the
+/// device) rather than a path that cannot be opened at all.
+fn sysfs_root(nics: &[Arc<Device>]) -> Option<String> {
+    let refs: Vec<&Device> = nics.iter().map(|n| &**n).collect();
+    let err = match crate::sysfs::publish(&refs) {
+        // The longest path (`/class/infiniband/` and a 63-byte name) must fit
+        // `ibv_device::ibdev_path` (IBV_SYSFS_PATH_MAX) whole.
+        Ok(root) => match root.into_os_string().into_string() {
+            Ok(r) if r.len() + "/class/infiniband/".len() + 63 < 256 => return Some(r),
+            Ok(r) => format!("{r}: too long for ibv_device's 256-byte paths"),
+            Err(r) => format!("{}: not UTF-8", r.to_string_lossy()),
+        },
+        Err(e) => e.to_string(),
+    };
+    eprintln!("libibverbs (softverbs): no sysfs tree for the devices: {err}");
+    None
+}
+
 fn devices() -> Result<&'static [SvDevice]> {
     let list = DEVICES.get_or_init(|| {
         let mut out = Vec::new();
-        for (i, nic) in Device::list()?.into_iter().enumerate() {
+        let nics = Device::list()?;
+        let root = sysfs_root(&nics);
+        let base = root.as_deref().unwrap_or("/sys");
+        let _ = SYSFS_ROOT.set(std::ffi::CString::new(base).unwrap_or_else(|_| c"/sys".into()));
+        for (i, nic) in nics.into_iter().enumerate() {
             let mut dev = ibv_device {
                 _ops: _ibv_device_ops {
                     _dummy1: None,
@@ -201,11 +259,11 @@ fn devices() -> Result<&'static [SvDevice]> {
             copy_str(&mut dev.dev_name, &format!("uverbs{i}"));
             copy_str(
                 &mut dev.dev_path,
-                &format!("/sys/class/infiniband_verbs/uverbs{i}"),
+                &format!("{base}/class/infiniband_verbs/uverbs{i}"),
             );
             copy_str(
                 &mut dev.ibdev_path,
-                &format!("/sys/class/infiniband/{}", nic.name()),
+                &format!("{base}/class/infiniband/{}", nic.name()),
             );
             out.push(SvDevice {
                 dev,
@@ -216,6 +274,12 @@ fn devices() -> Result<&'static [SvDevice]> {
         Ok(out)
     });
     list.as_deref().map_err(Clone::clone)
+}
+
+/// What `ibv_get_sysfs_path` returns: the devices' tree, listing them first if no call has.
+pub(crate) fn sysfs_path() -> &'static std::ffi::CStr {
+    let _ = devices();
+    SYSFS_ROOT.get().map_or(c"/sys", |c| c.as_c_str())
 }
 
 /// Copies `s` into a NUL-terminated C string buffer, truncating if needed.

@@ -3,10 +3,18 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/time.h>
 
 #include "common.h"
 
 static struct ibv_cq *cq;
+
+static volatile sig_atomic_t alarmed;
+static void on_alarm(int sig) {
+    (void)sig;
+    alarmed = 1;
+}
 
 static void wait_wc(enum ibv_wc_opcode op, uint64_t wr_id) {
     struct ibv_wc wc = poll1(cq);
@@ -140,9 +148,23 @@ static void cq_ex_section(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv
     struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
     CHECK(poll(&pfd, 1, 10000) == 1);
     CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == cq && ev_ctx == &ca);
+    /* The event taken, the descriptor is not readable: a program that waits for it in an
+     * event loop (Open MPI's openib) would call ibv_get_cq_event for nothing and block. */
+    pfd.revents = 0;
+    CHECK(poll(&pfd, 1, 0) == 0);
     ibv_ack_cq_events(ev_cq, 1);
     /* Blocking again: the call waits for the event. */
     CHECK(fcntl(ch->fd, F_SETFL, fl) == 0);
+    /* A caught signal (a handler without SA_RESTART) ends the wait with EINTR, as rdma-core's
+     * read(2) of the channel does: qperf ends its tests so. */
+    struct sigaction sa = {0}, old_sa;
+    sa.sa_handler = on_alarm;
+    CHECK(sigaction(SIGALRM, &sa, &old_sa) == 0);
+    struct itimerval it = {.it_value = {.tv_usec = 20000}};
+    CHECK(setitimer(ITIMER_REAL, &it, NULL) == 0);
+    errno = 0;
+    CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1 && errno == EINTR && alarmed);
+    CHECK(sigaction(SIGALRM, &old_sa, NULL) == 0);
     CHECK(ibv_start_poll(cx, &pa) == 0 && cx->wr_id == 14 && cx->status == IBV_WC_SUCCESS);
     CHECK(ibv_next_poll(cx) == ENOENT);
     ibv_end_poll(cx);

@@ -60,6 +60,14 @@ impl Channel {
             let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
             self.collect(&mut ready);
             let cq = ready.pop_front()?;
+            if ready.is_empty() {
+                // Readable only while an event waits: the ring that announced this one goes
+                // (programs such as Open MPI's openib wait for readability in an event loop,
+                // then call ibv_get_cq_event, which must not find nothing and block). Looked
+                // for again after the drain, an event raised meanwhile rings anew below.
+                self.bell.drain();
+                self.collect(&mut ready);
+            }
             if !ready.is_empty() {
                 self.bell.ring();
             }
