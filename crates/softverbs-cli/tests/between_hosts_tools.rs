@@ -24,9 +24,8 @@ mod support;
 
 use softverbs_cli::capture::{self, Dissection};
 use softverbs_cli::netns::{HostNs, NetConfig, NetPair, available_for_test};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use support::{finish, have_tools, kill, show, spawn};

@@ -68,17 +68,16 @@ impl On<'_> {
     }
 }
 
-/// True once the process `pid`'s namespace has the CM listener of TCP-space `port` (the
-/// abstract socket `softverbs-cm/svc/<service id>` the drop-in binds), or a TCP listener on
-/// it (for tools with a TCP control connection).
+/// True once the process `pid`'s namespace has the CM listener of `port` in the TCP, UDP or
+/// IB port space (the abstract socket `softverbs-cm/svc/<service id>` the drop-in binds), or
+/// a TCP listener on it (for tools with a TCP control connection).
 fn listening(pid: u32, port: u16) -> bool {
-    let svc = format!(
-        "@softverbs-cm/svc/{:016x}",
-        (0x0106u64 << 16) | u64::from(port)
-    );
     let unix = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
-    if unix.lines().any(|l| l.ends_with(&svc)) {
-        return true;
+    for ps in [0x0106u64, 0x0111, 0x013f] {
+        let svc = format!("@softverbs-cm/svc/{:016x}", (ps << 16) | u64::from(port));
+        if unix.lines().any(|l| l.ends_with(&svc)) {
+            return true;
+        }
     }
     let hex = format!(":{port:04X}");
     ["tcp", "tcp6"].iter().any(|f| {
@@ -128,15 +127,30 @@ fn server_output(server: &mut Child) -> Output {
     }
 }
 
-/// Runs `server` on `s` (listening on `port`), then `client` on `c`; both outputs.
+/// Runs `server` on `s` (listening on `port`), then `client` on `c`; both outputs. The
+/// server gets a few seconds to finish after the client.
 fn pair(s: On<'_>, server: &[&str], port: u16, c: On<'_>, client: &[&str]) -> [Output; 2] {
+    pair_with(s, server, port, c, client, Duration::from_secs(10))
+}
+
+/// As [`pair`], with `linger` for the server after the client (zero: a server that never
+/// ends by itself, killed when the client is done).
+fn pair_with(
+    s: On<'_>,
+    server: &[&str],
+    port: u16,
+    c: On<'_>,
+    client: &[&str],
+    linger: Duration,
+) -> [Output; 2] {
     let what = format!("{} / {}", server.join(" "), client.join(" "));
     let mut srv = spawn(&mut s.run(server));
     wait_listening(&mut srv, port, &what);
     let cli = spawn(&mut c.run(client));
-    let mut out = finish(vec![("client", cli), ("server", srv)], RUN_LIMIT).into_iter();
-    let client = out.next().expect("client");
-    let server = out.next().expect("server");
+    let client = finish(vec![("client", cli)], RUN_LIMIT)
+        .pop()
+        .expect("client");
+    let server = finish(vec![("server", srv)], linger).pop().expect("server");
     [server, client]
 }
 
@@ -246,7 +260,10 @@ fn rdma_server_client(s: On<'_>, c: On<'_>) {
 
 /// `cmtime`'s row for `step`: total ms, max ms, min µs, µs a connection.
 fn cmtime_row(t: &str, step: &str) -> Option<[f64; 4]> {
-    let line = t.lines().find(|l| l.trim_start().starts_with(step))?;
+    let line = t.lines().find(|l| {
+        l.split_once(':')
+            .is_some_and(|(name, _)| name.trim() == step)
+    })?;
     let nums: Vec<f64> = line
         .split(':')
         .nth(1)?
@@ -258,12 +275,13 @@ fn cmtime_row(t: &str, step: &str) -> Option<[f64; 4]> {
 
 fn cmtime(s: On<'_>, c: On<'_>) {
     let addr = s.addr();
-    let out = pair(
+    let out = pair_with(
         s,
         &["cmtime", "-p", "7482", "-c", "20"],
         7482,
         c,
         &["cmtime", "-s", &addr, "-p", "7482", "-c", "20"],
+        Duration::ZERO,
     );
     let t = text(&out[1]);
     assert!(out[1].status.success(), "{}", both(&out));
