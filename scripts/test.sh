@@ -48,18 +48,21 @@ fi
 # python3-scapy (its RoCE layer computes the ICRC independently of ours); tshark (Wireshark's
 # RoCEv2 dissector reads the captures); iputils-ping (the network-namespace tests); the
 # middleware of tests/middleware.rs: ucx-utils (ucx_info, ucx_perftest), qperf, openmpi-bin
-# and libopenmpi-dev (mpirun, mpicc). Installed from Debian when running as root; without
+# and libopenmpi-dev (mpirun, mpicc); the connection-manager programs of tests/rdmacm_tools.rs
+# and rsocket_tools.rs: rdmacm-utils (rping, ucmatose, rstream, ...), libfabric-bin (fi_info,
+# fi_pingpong) and librdmacm-dev (rdma_cma.h, for tests/c/cm_events.c). Installed from
+# Debian when running as root; without
 # them those tests are skipped, except under CI=true, where this stops here.
 packages=(ibverbs-utils perftest libibverbs-dev python3-scapy tshark iputils-ping
-    ucx-utils qperf openmpi-bin libopenmpi-dev)
+    ucx-utils qperf openmpi-bin libopenmpi-dev rdmacm-utils libfabric-bin librdmacm-dev)
 rdma_tools=(ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_lat tshark ping
-    ucx_info ucx_perftest qperf mpirun mpicc)
+    ucx_info ucx_perftest qperf mpirun mpicc rping ucmatose rstream fi_pingpong)
 packages_missing() {
     local t
     for t in "${rdma_tools[@]}"; do
         command -v "$t" >/dev/null 2>&1 || return 0
     done
-    [[ ! -f /usr/include/infiniband/verbs.h ]] ||
+    [[ ! -f /usr/include/infiniband/verbs.h ]] || [[ ! -f /usr/include/rdma/rdma_cma.h ]] ||
         ! /usr/bin/python3 -c 'import scapy.contrib.roce' >/dev/null 2>&1
 }
 if packages_missing && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
