@@ -20,7 +20,7 @@
 
 use crate::Result;
 use crate::oob::{OobLink, PeerError, PeerFailed, TcpLink, watch_for_failure};
-use crate::report::{count_arg, print_report};
+use crate::report::{count_arg, cpus, print_report};
 use serde::{Deserialize, Serialize};
 use softverbs::{
     AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Context, Device, Endpoint, Gid,
@@ -570,10 +570,6 @@ pub(crate) struct Route {
 
 /// One side of an RDMA test: an RC QP with its own send and receive CQs, and one memory
 /// region that peers may write.
-/// CPUs this process may run on.
-pub(crate) fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
 
 /// True if the writer of `perf --net`'s bandwidth test sleeps on a completion channel: the
 /// engines move the bytes there, and on a small machine a writer spinning on its CQ takes

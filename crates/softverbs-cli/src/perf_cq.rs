@@ -834,7 +834,7 @@ pub fn run(args: &Args) -> Result<()> {
     let report = Report {
         device: device.name().into(),
         quick: args.quick,
-        cpus: crate::perf::cpus(),
+        cpus: crate::report::cpus(),
         per_fill: PER_FILL,
         fills,
         statistic: "median over fills of drain time / completions per fill",

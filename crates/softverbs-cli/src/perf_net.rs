@@ -609,7 +609,7 @@ fn measure_end(args: &NetPeerArgs, plan: &Plan) -> Result<()> {
         mode: args.mode.clone(),
         mtu: args.mtu,
         quick: args.quick,
-        cpus: crate::perf::cpus(),
+        cpus: crate::report::cpus(),
         pids: [std::process::id(), 0],
         bandwidth_writer_sleeps: crate::perf::net_writer_sleeps(),
         ..NetReport::default()

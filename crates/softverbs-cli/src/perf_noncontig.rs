@@ -544,7 +544,7 @@ pub fn run(args: &Args) -> Result<()> {
     let report = Report {
         device: device.name().into(),
         quick: args.quick,
-        cpus: crate::perf::cpus(),
+        cpus: crate::report::cpus(),
         max_sge,
         column: COLUMN,
         cell_bytes: CELL,

@@ -75,3 +75,8 @@ mod tests {
         assert_eq!(big.to_string(), "--n 101: too many");
     }
 }
+
+/// CPUs this process may run on.
+pub(crate) fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}

@@ -304,14 +304,6 @@ pub(crate) fn publish(devs: &[&Device]) -> io::Result<PathBuf> {
     publish_in(&base()?, &render(devs))
 }
 
-/// `ibv_get_sysfs_path`: the root of the devices' tree (see the module doc), where rdma-core
-/// returns "/sys" (or `$SYSFS_PATH`, which softverbs does not follow: its devices are in
-/// its own tree wherever that variable points).
-#[unsafe(no_mangle)]
-pub extern "C" fn sv_ibv_get_sysfs_path() -> *const libc::c_char {
-    crate::verbs::sysfs_path().as_ptr()
-}
-
 /// `ibv_read_sysfs_file`: reads `dir/file` into `buf` as rdma-core does: a final newline
 /// becomes the terminating NUL; the length read is returned, or -1 with errno (also when the
 /// contents fill `buf` with no room for the NUL).

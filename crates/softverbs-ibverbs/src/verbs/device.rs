@@ -562,3 +562,11 @@ pub extern "C" fn sv_ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_i
 pub extern "C" fn sv_ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
     0
 }
+
+/// `ibv_get_sysfs_path`: the root of the devices' tree (see the module doc), where rdma-core
+/// returns "/sys" (or `$SYSFS_PATH`, which softverbs does not follow: its devices are in
+/// its own tree wherever that variable points).
+#[unsafe(no_mangle)]
+pub extern "C" fn sv_ibv_get_sysfs_path() -> *const libc::c_char {
+    sysfs_path().as_ptr()
+}
