@@ -105,6 +105,7 @@ impl Leases {
     }
 
     /// Processes holding leases now.
+    #[cfg(test)]
     pub(crate) fn holders(&self) -> usize {
         self.holders.len()
     }
@@ -202,19 +203,17 @@ impl Leases {
 
     fn sweep_with(&mut self, out: &mut Vec<Lease>, alive: impl Fn(u32, Option<&OwnedFd>) -> bool) {
         let mut dead = Vec::new();
-        let mut looked = 0;
         let mut next = None;
         // From the cursor to the end, then from the start up to the cursor.
         let order = self
             .holders
             .range(self.cursor..)
             .chain(self.holders.range(..self.cursor));
-        for (&pid, h) in order {
+        for (looked, (&pid, h)) in order.enumerate() {
             if looked == PIDS_PER_SWEEP {
                 next = Some(pid);
                 break;
             }
-            looked += 1;
             if !alive(pid, h.pidfd.as_ref()) {
                 dead.push(pid);
             }
