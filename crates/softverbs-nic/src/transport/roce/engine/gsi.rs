@@ -1281,6 +1281,44 @@ mod tests {
         assert_eq!((c.bad_envelopes, c.dropped, c.sent, c.leases), (2, 2, 0, 0));
     }
 
+    /// Descriptors sent along with an envelope are closed at once: the write end of a pipe
+    /// passed to the engine is gone once the envelope is read (its reader sees the end).
+    #[test]
+    fn descriptors_passed_along_are_closed() {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, sendmsg_addr};
+        let me = own_addr(3);
+        let mut g = Gsi::bind(me).expect("bind the engine's CM socket");
+        let engine = SocketAddrUnix::new_abstract_name(engine_cm_name(me).as_bytes()).unwrap();
+        let agent = dgram_bound(&agent_name(0xb0000 | (std::process::id() & 0xffff)));
+        let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::NONBLOCK).unwrap();
+        let mut e = envelope();
+        e.src = gid_of(me);
+        e.dst = gid_of("10.9.9.6".parse().unwrap());
+        let bytes = e.encode();
+        let fds = [w.as_fd()];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        sendmsg_addr(
+            &agent,
+            &engine,
+            &[std::io::IoSlice::new(&bytes)],
+            &mut control,
+            SendFlags::empty(),
+        )
+        .unwrap();
+        drop(w);
+        let mut out = Vec::new();
+        assert!(g.outgoing(|a| a == me, &mut out));
+        assert_eq!(out.len(), 1, "the envelope itself is good");
+        let mut b = [0u8; 1];
+        assert_eq!(
+            rustix::io::read(&r, &mut b),
+            Ok(0),
+            "the engine kept no copy of the write end"
+        );
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
 
