@@ -7,6 +7,10 @@
 //! REQ for it, B answers with a REP, A's agent gets it. A REQ and a SIDR_REQ for services
 //! nobody has come back as a REJ (invalid service ID) and a SIDR_REP (not supported), and
 //! the engines' captures must dissect in tshark as InfiniBand CM.
+//!
+//! Leases: a process on A leaves a DREQ with A's engine (a LEASE envelope) and is killed; A's
+//! engine sends the DREQ, and B's agent gets it, as a kernel CM's host would send it for a
+//! dead process. A process that cancelled its lease before it was killed sends nothing.
 
 use super::{engine_counter, hosts_test, netns};
 use crate::common::node;
@@ -25,6 +29,10 @@ const REQ: u16 = 0x10;
 const REJ: u16 = 0x12;
 const REP: u16 = 0x13;
 const SIDR_REQ: u16 = 0x17;
+const DREQ: u16 = 0x15;
+/// Envelope flags of the contract: keep this DREQ and send it if I die; forget that lease.
+const LEASE: u8 = 0x02;
+const CANCEL: u8 = 0x04;
 const SIDR_REP: u16 = 0x18;
 
 fn hex(b: &[u8]) -> String {
@@ -83,9 +91,11 @@ peer!(peer_cm, |p| {
     let dev = devices().unwrap()[0].clone();
     let m = p.expect("engine");
     let engine: String = m.get(0);
-    // The engine runs for a QP, or for a hold on it (a listener with no QP yet).
+    // The engine runs for a QP, or for a hold on it (a listener with no QP yet); with
+    // `none` this process is no client of the engine at all (another keeps it running).
     let (_qp, _hold) = match m.get::<String>(1).as_str() {
         "qp" => (Some(n.qp(QpType::Ud)), None),
+        "none" => (None, None),
         _ => (None, Some(dev.hold_engine().expect("hold the engine"))),
     };
     let engine = abstract_addr(&format!("softverbs-engine/{engine}/cm"));
@@ -115,9 +125,16 @@ peer!(peer_cm, |p| {
                 let sent = s.send_to_addr(&unhex(&envelope), &engine).expect("send");
                 p.send(msg!("sent", sent));
             }
+            // `recv name [ms]`: waits 5 s, or `ms`.
             "recv" => {
                 let name: String = m.get(0);
                 let s = &socks.iter().find(|(n, _)| *n == name).expect("bound").1;
+                let within = if m.len() > 1 {
+                    Duration::from_millis(m.get(1))
+                } else {
+                    Duration::from_secs(5)
+                };
+                s.set_read_timeout(Some(within)).unwrap();
                 let mut b = [0u8; 1024];
                 match s.recv(&mut b) {
                     Ok(len) => p.send(msg!("got", hex(&b[..len]))),
@@ -396,6 +413,137 @@ fn cm_mads_travel_between_hosts_on_qp1_and_a_request_for_no_service_is_rejected(
     }
     // Kept when an assertion fails, for a look.
     let _ = std::fs::remove_dir_all(&dir);
+    for p in [&mut pa, &mut pb] {
+        p.send("done");
+    }
+    pa.finish();
+    pb.finish();
+}
+
+fn flagged(flags: u8, src: IpAddr, dst: IpAddr, m: &[u8]) -> Vec<u8> {
+    let mut e = envelope(src, dst, m);
+    e[5] = flags;
+    e
+}
+
+/// A counter of A's engine, once it equals `want` (the engine reads envelopes in its next
+/// control turn), or its value after 2 s.
+fn counter_becomes(p: &mut Peer, name: &str, want: u64) -> u64 {
+    let t0 = std::time::Instant::now();
+    loop {
+        let v = counters(p, &[name])[0];
+        if v == want || t0.elapsed() > Duration::from_secs(2) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_engine_sends_the_leased_dreq_of_a_process_that_dies() {
+    const T: &str = "leased DREQs between hosts";
+    let Some(_alone) = hosts_test(T) else {
+        return;
+    };
+    let net = netns::NetPair::new(&netns::NetConfig::default()).expect("make the namespaces");
+    let (a, b) = (net.a(), net.b());
+    let dev = |h: &netns::HostNs| format!("name=roce0,netdev={}", h.ifname);
+    let (a4, b4) = (IpAddr::V4(a.ipv4), IpAddr::V4(b.ipv4));
+    // A's engine runs for a QP of a process that lives throughout; B's for a hold.
+    let mut pa = Peer::spawn_in("between_hosts::cm::peer_cm", &a.netns, &dev(a));
+    let mut pb = Peer::spawn_in("between_hosts::cm::peer_cm", &b.netns, &dev(b));
+    pa.send(msg!("engine", a.ipv4.to_string(), "qp".to_string()));
+    pb.send(msg!("engine", b.ipv4.to_string(), "hold".to_string()));
+    pa.expect("ready");
+    pb.expect("ready");
+    let pid = std::process::id();
+    let b_agent_id = 0x30000 | (pid & 0xffff);
+    let b_agent = format!("softverbs-cm/agent/{b_agent_id:05x}");
+    pb.send(msg!("bind", b_agent.clone()));
+    pb.expect("bound");
+    let names = ["cm_leases", "cm_leases_fired", "cm_mads_sent"];
+    let before = counters(&mut pa, &names);
+    assert_eq!(before, [0, 0, 0], "A's engine starts with nothing");
+
+    // A process on A with an established connection to B leases its DREQ, then dies. It is
+    // not one of the engine's clients (it only talks to the CM socket): the engine's
+    // periodic look finds it gone.
+    let a_agent_id = 0x40000 | (pid & 0xffff);
+    let a_comm = (a_agent_id << 12) | 0x001;
+    let b_comm = (b_agent_id << 12) | 0x00b;
+    let dreq = mad(
+        DREQ,
+        0x5555,
+        &[(0, &a_comm.to_be_bytes()), (4, &b_comm.to_be_bytes())],
+    );
+    let mut dying = Peer::spawn_in("between_hosts::cm::peer_cm", &a.netns, &dev(a));
+    dying.send(msg!("engine", a.ipv4.to_string(), "none".to_string()));
+    dying.expect("ready");
+    let a_agent = format!("softverbs-cm/agent/{a_agent_id:05x}");
+    dying.send(msg!("bind", a_agent.clone()));
+    dying.expect("bound");
+    send(&mut dying, &a_agent, &flagged(LEASE, a4, b4, &dreq));
+    assert_eq!(
+        counter_becomes(&mut pa, "cm_leases", 1),
+        1,
+        "A holds the lease"
+    );
+    // Not sent on arrival.
+    pb.send(msg!("recv", b_agent.clone(), 300u64));
+    assert_eq!(
+        pb.expect("got").get::<String>(0),
+        "none",
+        "a lease is not sent"
+    );
+    let t0 = std::time::Instant::now();
+    dying.kill();
+    let (flags, src, dst, qpn, got) = received(&mut pb, &b_agent);
+    let took = t0.elapsed();
+    eprintln!("{T}: B's agent got the dead process's DREQ {took:?} after the SIGKILL");
+    assert_eq!(flags, 1, "from the network");
+    assert_eq!((src, dst, qpn), (gid(a4), gid(b4), 1), "from A's QP1 to B");
+    assert_eq!(got, dreq, "the DREQ as the process leased it");
+    assert!(
+        took < Duration::from_millis(1500),
+        "within about a second: {took:?}"
+    );
+    assert_eq!(
+        counter_becomes(&mut pa, "cm_leases", 0),
+        0,
+        "forgotten once sent"
+    );
+
+    // A process that leases and then cancels (its connection ended) and is killed: nothing.
+    // This one holds the engine, so the engine also sees it go as a client.
+    let mut done = Peer::spawn_in("between_hosts::cm::peer_cm", &a.netns, &dev(a));
+    done.send(msg!("engine", a.ipv4.to_string(), "hold".to_string()));
+    done.expect("ready");
+    let a_agent2 = format!("softverbs-cm/agent/{:05x}", a_agent_id + 1);
+    done.send(msg!("bind", a_agent2.clone()));
+    done.expect("bound");
+    let dreq2 = mad(
+        DREQ,
+        0x6666,
+        &[
+            (0, &(((a_agent_id + 1) << 12) | 1).to_be_bytes()),
+            (4, &b_comm.to_be_bytes()),
+        ],
+    );
+    send(&mut done, &a_agent2, &flagged(LEASE, a4, b4, &dreq2));
+    assert_eq!(counter_becomes(&mut pa, "cm_leases", 1), 1);
+    send(&mut done, &a_agent2, &flagged(CANCEL, a4, b4, &dreq2));
+    assert_eq!(counter_becomes(&mut pa, "cm_leases", 0), 0, "cancelled");
+    done.kill();
+    pb.send(msg!("recv", b_agent.clone(), 1000u64));
+    assert_eq!(
+        pb.expect("got").get::<String>(0),
+        "none",
+        "a cancelled lease is never sent"
+    );
+
+    let after = counters(&mut pa, &names);
+    eprintln!("{T}: A {names:?} = {after:?}");
+    assert_eq!(after, [0, 1, 1], "one lease fired: the one DREQ A sent");
     for p in [&mut pa, &mut pb] {
         p.send("done");
     }

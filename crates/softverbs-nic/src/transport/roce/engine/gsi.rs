@@ -18,20 +18,25 @@
 //!   agent that owns the receiver's communication ID (every other CM message, [`route`]);
 //! - a REQ or SIDR_REQ nobody listens for is answered as a host's CM answers it: a REJ with
 //!   reason 8, invalid service ID ([`reject_for`]), or a SIDR_REP with status 1, service ID
-//!   not supported ([`sidr_unsupported_for`]).
+//!   not supported ([`sidr_unsupported_for`]);
+//! - an agent may leave a DREQ with the engine ([`LEASE`]) to be sent if its process dies,
+//!   and take it back ([`CANCEL`]): the engine does for a dead process what a host's CM does
+//!   ([`lease`](super::lease)). The process is the one the kernel names (`SCM_CREDENTIALS`
+//!   on every envelope), never one an envelope claims.
 //!
 //! Everything that comes in, from the network or from a local socket, is checked in constant
 //! work and, when refused, dropped and counted ([`GsiCounters`]); nothing here panics on input.
 
+use super::lease::{self, Lease, Leases, Taken};
 use crate::config::net::{gid_of, ip_of};
 use crate::types::Gid;
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{
-    AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType, bind, sendto,
-    socket_with,
+    AddressFamily, SendFlags, SocketAddrUnix, SocketFlags, SocketType, bind, sendto, socket_with,
 };
 use softverbs_roce::wire::{Bth, Datagram, Deth, Headers, IpRepr, Opcode, Psn, emit_datagram};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 /// The GSI's QP number.
 pub(crate) const GSI_QPN: u32 = 1;
@@ -49,6 +54,11 @@ pub(crate) const MAGIC: [u8; 4] = *b"SVCM";
 pub(crate) const VERSION: u8 = 1;
 /// Envelope flag: the MAD came from the network (set by the engine only).
 pub(crate) const FROM_NETWORK: u8 = 1;
+/// Envelope flag, from an agent only: keep this DREQ, and send it if my process dies.
+pub(crate) const LEASE: u8 = 2;
+/// Envelope flag, from an agent only: forget my lease whose DREQ has this local
+/// communication ID (nothing is sent).
+pub(crate) const CANCEL: u8 = 4;
 
 /// `base_version` of every MAD.
 pub(crate) const MAD_BASE_VERSION: u8 = 1;
@@ -113,7 +123,8 @@ pub(crate) fn service_name(sid: u64) -> String {
 
 /// One MAD with its addressing: one datagram on the sockets between agents and the engine.
 ///
-/// Bytes 0..4 `SVCM`, 4 the version (1), 5 flags ([`FROM_NETWORK`]), 6..8 zero, 8..24 the
+/// Bytes 0..4 `SVCM`, 4 the version (1), 5 flags (none, or one of [`FROM_NETWORK`],
+/// [`LEASE`], [`CANCEL`]), 6..8 zero, 8..24 the
 /// source GID, 24..40 the destination GID, 40..44 the source QP (big-endian; 1 for the GSI),
 /// 44..48 zero, 48..304 the MAD.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,12 +150,12 @@ impl Envelope {
     }
 
     /// `None` unless `b` is exactly one well-formed envelope: its length, magic, version,
-    /// known flags only, and the reserved bytes zero.
+    /// at most one flag and a known one, and the reserved bytes zero.
     pub(crate) fn decode(b: &[u8]) -> Option<Envelope> {
         let b: &[u8; ENVELOPE_LEN] = b.try_into().ok()?;
         if b[0..4] != MAGIC
             || b[4] != VERSION
-            || b[5] & !FROM_NETWORK != 0
+            || !matches!(b[5], 0 | FROM_NETWORK | LEASE | CANCEL)
             || b[6..8] != [0, 0]
             || b[44..48] != [0; 4]
         {
@@ -329,11 +340,17 @@ pub(crate) struct GsiCounters {
     pub wire_received_bytes: u64,
     /// Of the bad packets, those whose ICRC did not match.
     pub icrc_errors: u64,
+    /// Leased DREQs held now.
+    pub leases: u64,
+    /// Leased DREQs sent because their process died.
+    pub leases_fired: u64,
+    /// Leases refused because their process or the table held all it may.
+    pub leases_dropped: u64,
 }
 
 impl GsiCounters {
     /// The rows `softverbs nic` prints.
-    pub(crate) fn rows(&self) -> [(&'static str, u64); 9] {
+    pub(crate) fn rows(&self) -> [(&'static str, u64); 12] {
         [
             ("cm_mads_sent", self.sent),
             ("cm_mads_received", self.received),
@@ -344,6 +361,9 @@ impl GsiCounters {
             ("cm_foreign_source", self.foreign_source),
             ("cm_bad_packets", self.bad_packets),
             ("cm_no_receiver", self.no_receiver),
+            ("cm_leases", self.leases),
+            ("cm_leases_fired", self.leases_fired),
+            ("cm_leases_dropped", self.leases_dropped),
         ]
     }
 }
@@ -351,12 +371,89 @@ impl GsiCounters {
 /// Envelopes taken from the socket per call: a flood of them must not starve the QPs.
 const ENVELOPES_PER_TURN: usize = 64;
 
-/// The engine's GSI: its socket for the agents, and what it counted.
+/// Receives one datagram from `sock` (without waiting) into `buf`: its real length (longer
+/// than `buf` if it was cut, so an oversized one is refused rather than read in part) and the
+/// sender's pid as the kernel gives it with `SO_PASSCRED` (`None` without credentials; 0 for
+/// a sender whose pid this pid namespace cannot name). Descriptors passed along are closed at
+/// once: nobody may fill the engine's descriptor table.
+///
+/// Written on `libc::recvmsg` because rustix's credentials hold a non-zero pid, which the
+/// kernel's 0 would violate.
+fn recv_with_pid(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> Result<(usize, Option<u32>), rustix::io::Errno> {
+    // Room for the credentials (which the kernel puts first) and a few descriptors; any
+    // beyond are discarded by the kernel (MSG_CTRUNC).
+    #[repr(C, align(8))]
+    struct Control([u8; 64]);
+    let mut control = Control([0; 64]);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one; its pointers are set below to `iov`
+    // and `control`, which outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = control.0.len() as _;
+    let flags = libc::MSG_DONTWAIT | libc::MSG_TRUNC | libc::MSG_CMSG_CLOEXEC;
+    // SAFETY: `msg` points at one iovec over `buf` and at `control`, both live and writable
+    // for their stated lengths.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags) };
+    if n < 0 {
+        return Err(
+            rustix::io::Errno::from_io_error(&std::io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::IO),
+        );
+    }
+    let mut pid = None;
+    // SAFETY: `msg` is the header recvmsg filled; CMSG_FIRSTHDR/CMSG_NXTHDR stay within
+    // `msg_controllen` of `control` and return null past its end.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !c.is_null() {
+        // SAFETY: `c` is a control message header inside `control` (aligned: the buffer is
+        // 8-aligned and the kernel aligns each header).
+        let h = unsafe { &*c };
+        // SAFETY: CMSG_LEN and CMSG_DATA do arithmetic on a header recvmsg wrote.
+        let (data, header) = unsafe { (libc::CMSG_DATA(c), libc::CMSG_LEN(0) as usize) };
+        let len = (h.cmsg_len as usize).saturating_sub(header);
+        // What the kernel wrote of this message, at most (it may have been cut).
+        let end = control.0.as_ptr() as usize + (msg.msg_controllen as usize).min(64);
+        let len = len.min(end.saturating_sub(data as usize));
+        if h.cmsg_level == libc::SOL_SOCKET {
+            if h.cmsg_type == libc::SCM_CREDENTIALS && len >= std::mem::size_of::<libc::ucred>() {
+                // SAFETY: `len` bytes of a ucred are at `data`, inside `control`.
+                let u: libc::ucred = unsafe { std::ptr::read_unaligned(data.cast()) };
+                pid = Some(u32::try_from(u.pid).unwrap_or(0));
+            } else if h.cmsg_type == libc::SCM_RIGHTS {
+                for i in 0..len / std::mem::size_of::<libc::c_int>() {
+                    // SAFETY: whole descriptors lie at `data` within `len`.
+                    let fd: libc::c_int =
+                        unsafe { std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i)) };
+                    // SAFETY: the kernel just installed `fd` for this process; nobody else
+                    // knows it.
+                    unsafe { libc::close(fd) };
+                }
+            }
+        }
+        // SAFETY: as for CMSG_FIRSTHDR.
+        c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
+    }
+    Ok((n as usize, pid))
+}
+
+/// The engine's GSI: its socket for the agents, the DREQs leased to it, and what it counted.
 pub(crate) struct Gsi {
     /// `None` if the name was taken (the engine then serves QPs without CM).
     sock: Option<OwnedFd>,
     pub(crate) counts: GsiCounters,
     psn: u32,
+    leases: Leases,
+    /// When the holders of leases are looked at next (while there are leases).
+    next_check: Instant,
 }
 
 impl Gsi {
@@ -368,12 +465,14 @@ impl Gsi {
             SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
             None,
         )?;
+        // Before the name exists, so that every envelope that can reach the socket carries
+        // its sender's credentials.
+        rustix::net::sockopt::set_socket_passcred(&sock, true)?;
         let addr = SocketAddrUnix::new_abstract_name(engine_cm_name(ip).as_bytes())?;
         bind(&sock, &addr)?;
         Ok(Gsi {
             sock: Some(sock),
-            counts: GsiCounters::default(),
-            psn: 0,
+            ..Gsi::unbound()
         })
     }
 
@@ -384,6 +483,8 @@ impl Gsi {
             sock: None,
             counts: GsiCounters::default(),
             psn: 0,
+            leases: Leases::default(),
+            next_check: Instant::now(),
         }
     }
 
@@ -413,16 +514,17 @@ impl Gsi {
         let mut any = false;
         for _ in 0..ENVELOPES_PER_TURN {
             let Some(sock) = &self.sock else { break };
-            // TRUNC: the datagram's real length, so an oversized one is refused, not cut.
-            let n =
-                match rustix::net::recv(sock, &mut buf[..], RecvFlags::DONTWAIT | RecvFlags::TRUNC)
-                {
-                    Ok((_, n)) => n,
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(_) => break,
-                };
+            let (n, pid) = match recv_with_pid(sock.as_fd(), &mut buf) {
+                Ok(got) => got,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => break,
+            };
             any = true;
-            let Some(e) = buf.get(..n).and_then(Envelope::decode) else {
+            let Some((e, pid)) = buf
+                .get(..n)
+                .and_then(Envelope::decode)
+                .zip(pid.filter(|&p| p != 0))
+            else {
                 self.counts.bad_envelopes += 1;
                 self.counts.dropped += 1;
                 continue;
@@ -431,6 +533,13 @@ impl Gsi {
             if !ours(src) || !is_cm(&e.mad) {
                 self.counts.foreign_source += 1;
                 self.counts.dropped += 1;
+                continue;
+            }
+            if e.flags & (LEASE | CANCEL) != 0 {
+                if !self.take_lease(pid, &e, src, dst) {
+                    self.counts.bad_envelopes += 1;
+                    self.counts.dropped += 1;
+                }
                 continue;
             }
             match self.wire(src, dst, &e.mad) {
@@ -442,6 +551,74 @@ impl Gsi {
             }
         }
         any
+    }
+
+    /// A LEASE or CANCEL envelope `e` from process `pid` (its source address ours, its MAD
+    /// CM): false if it is not a DREQ that can be sent from `src` to `dst`. Sends nothing.
+    fn take_lease(&mut self, pid: u32, e: &Envelope, src: IpAddr, dst: IpAddr) -> bool {
+        if !matches!(route(&e.mad), Some((CmAttr::Dreq, _))) || src.is_ipv4() != dst.is_ipv4() {
+            return false;
+        }
+        let id = be32_at(&e.mad, MAD_HEADER_LEN);
+        if e.flags == CANCEL {
+            self.leases.cancel(pid, id);
+        } else {
+            let was_empty = self.leases.is_empty();
+            let lease = Lease {
+                src,
+                dst,
+                mad: e.mad,
+            };
+            if self.leases.lease(pid, id, lease) == Taken::Dropped {
+                self.counts.leases_dropped += 1;
+            }
+            // The first lease starts the looks; with none, the engine wakes for nothing new.
+            if was_empty {
+                self.next_check = Instant::now() + lease::CHECK_EVERY;
+            }
+        }
+        self.counts.leases = self.leases.len() as u64;
+        true
+    }
+
+    /// When the holders of leases must be looked at next; `None` without leases (so an idle
+    /// engine without them sleeps as long as it did before leases existed).
+    pub(crate) fn lease_check_at(&self) -> Option<Instant> {
+        (!self.leases.is_empty()).then_some(self.next_check)
+    }
+
+    /// True while some process holds leases.
+    pub(crate) fn has_leases(&self) -> bool {
+        !self.leases.is_empty()
+    }
+
+    /// Sends the leased DREQs of processes that are gone: of `pid` alone if given (a client
+    /// the engine saw go), else of the holders the next sweep looks at; the next sweep is then
+    /// due after `next`. Appends the datagrams to `out`, as for outgoing MADs.
+    pub(crate) fn check_leases(
+        &mut self,
+        pid: Option<u32>,
+        next: Duration,
+        out: &mut Vec<(IpAddr, Vec<u8>)>,
+    ) {
+        let mut fired = Vec::new();
+        match pid {
+            Some(p) => self.leases.fire_if_dead(p, &mut fired),
+            None => self.leases.sweep(&mut fired),
+        }
+        self.next_check = Instant::now() + next;
+        for l in fired {
+            self.counts.leases_fired += 1;
+            match self.wire(l.src, l.dst, &l.mad) {
+                Some(d) => out.push((l.dst, d)),
+                // Checked when leased: the two addresses are of one family.
+                None => {
+                    self.counts.bad_envelopes += 1;
+                    self.counts.dropped += 1;
+                }
+            }
+        }
+        self.counts.leases = self.leases.len() as u64;
     }
 
     /// A datagram to QP1 arrived (whole, as the engine rebuilt it): delivers its MAD to the
@@ -514,6 +691,7 @@ impl Gsi {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::net::RecvFlags;
     use std::net::Ipv4Addr;
 
     fn mad(attr: u16) -> [u8; MAD_LEN] {
@@ -576,9 +754,12 @@ mod tests {
         assert_eq!(&b[40..44], &[0, 0, 0, 1]);
         assert_eq!(&b[48..], &e.mad[..]);
         assert_eq!(Envelope::decode(&b), Some(e.clone()));
-        let mut from_net = e.clone();
-        from_net.flags = FROM_NETWORK;
-        assert_eq!(Envelope::decode(&from_net.encode()), Some(from_net));
+        for flags in [FROM_NETWORK, LEASE, CANCEL] {
+            let mut flagged = e.clone();
+            flagged.flags = flags;
+            assert_eq!(flagged.encode()[5], flags);
+            assert_eq!(Envelope::decode(&flagged.encode()), Some(flagged));
+        }
     }
 
     #[test]
@@ -590,13 +771,17 @@ mod tests {
         let mut long = good.to_vec();
         long.push(0);
         assert_eq!(Envelope::decode(&long), None, "one byte too many");
-        // Magic, version, unknown flags, reserved bytes.
+        // Magic, version, unknown or combined flags, reserved bytes.
         for (at, v) in [
             (0, b'X'),
             (3, 0),
             (4, 2),
             (4, 0),
-            (5, 2),
+            (5, LEASE | CANCEL),
+            (5, FROM_NETWORK | LEASE),
+            (5, FROM_NETWORK | CANCEL),
+            (5, 7),
+            (5, 8),
             (5, 0x80),
             (6, 1),
             (7, 1),
@@ -886,6 +1071,252 @@ mod tests {
         assert_eq!((c.bad_packets, c.icrc_errors), (3, 1));
         assert_eq!(c.dropped, 3 + 1 + 3, "envelopes, no receiver, bad packets");
         assert_eq!(c.sent, 2, "the agent's REQ and the engine's REJ");
+    }
+
+    fn dreq(local: u32, remote: u32) -> [u8; MAD_LEN] {
+        let mut m = mad(0x15);
+        m[24..28].copy_from_slice(&local.to_be_bytes());
+        m[28..32].copy_from_slice(&remote.to_be_bytes());
+        m
+    }
+
+    /// An address of this test process's own (`tag` tells tests apart), so that parallel
+    /// runs do not meet on the engine's socket name.
+    fn own_addr(tag: u8) -> IpAddr {
+        let pid = std::process::id();
+        Ipv4Addr::new(127, 180 + tag, (pid >> 8) as u8, pid as u8).into()
+    }
+
+    /// Leases and cancels from this (living) process: held, replaced, cancelled, counted,
+    /// never sent; malformed ones refused and counted.
+    #[test]
+    fn leases_are_held_replaced_and_cancelled_and_never_sent_while_their_process_lives() {
+        let me = own_addr(0);
+        let peer: IpAddr = "10.9.9.9".parse().unwrap();
+        let mut g = Gsi::bind(me).expect("bind the engine's CM socket");
+        let agent = dgram_bound(&agent_name(0x90000 | (std::process::id() & 0xffff)));
+        let engine = SocketAddrUnix::new_abstract_name(engine_cm_name(me).as_bytes()).unwrap();
+        let send = |flags: u8, src: IpAddr, dst: IpAddr, mad: [u8; MAD_LEN]| {
+            let e = Envelope {
+                flags,
+                src: gid_of(src),
+                dst: gid_of(dst),
+                src_qpn: 1,
+                mad,
+            };
+            sendto(&agent, &e.encode(), SendFlags::empty(), &engine).unwrap();
+        };
+        let mut out = Vec::new();
+        let ours = |a: IpAddr| a == me;
+
+        send(LEASE, me, peer, dreq(0x1000_0001, 0x2000_0001));
+        let mut newer = dreq(0x1000_0001, 0x2000_0001);
+        newer[255] = 1;
+        send(LEASE, me, peer, newer);
+        send(LEASE, me, peer, dreq(0x1000_0002, 0x2000_0002));
+        assert!(g.outgoing(ours, &mut out));
+        assert!(out.is_empty(), "a lease is not sent when it arrives");
+        assert_eq!(
+            (g.counts.leases, g.counts.sent, g.counts.dropped),
+            (2, 0, 0),
+            "the second lease of ID 1 replaced the first"
+        );
+        assert!(g.lease_check_at().is_some(), "looks are due now");
+
+        send(CANCEL, me, peer, dreq(0x1000_0002, 0x2000_0002));
+        send(CANCEL, me, peer, dreq(0x1000_0003, 0));
+        g.outgoing(ours, &mut out);
+        assert!(out.is_empty(), "a cancel sends nothing");
+        assert_eq!(g.counts.leases, 1, "ID 2 cancelled, ID 3 was none");
+
+        // Refused: a lease that is not a DREQ, from a foreign address, across families,
+        // not CM; both flags at once.
+        send(LEASE, me, peer, req(0x1000_0004, 1));
+        send(CANCEL, me, peer, mad(0x16));
+        send(
+            LEASE,
+            "10.1.1.1".parse().unwrap(),
+            peer,
+            dreq(0x1000_0005, 0),
+        );
+        send(LEASE, me, "fd00::2".parse().unwrap(), dreq(0x1000_0006, 0));
+        let mut not_cm = dreq(0x1000_0007, 0);
+        not_cm[1] = 0x04;
+        send(LEASE, me, peer, not_cm);
+        let mut both = Envelope::decode(&envelope().encode()).unwrap().encode();
+        both[5] = LEASE | CANCEL;
+        sendto(&agent, &both, SendFlags::empty(), &engine).unwrap();
+        g.outgoing(ours, &mut out);
+        assert!(out.is_empty());
+        let c = g.counts;
+        assert_eq!(
+            (c.leases, c.bad_envelopes, c.foreign_source, c.dropped),
+            (1, 4, 2, 6)
+        );
+
+        // This process is alive: neither a look at it nor a sweep sends its lease.
+        g.check_leases(Some(std::process::id()), lease::CHECK_EVERY, &mut out);
+        g.check_leases(None, lease::CHECK_EVERY, &mut out);
+        assert!(out.is_empty());
+        assert_eq!((g.counts.leases, g.counts.leases_fired), (1, 0));
+        send(CANCEL, me, peer, dreq(0x1000_0001, 0));
+        g.outgoing(ours, &mut out);
+        assert_eq!(g.counts.leases, 0);
+        assert_eq!(g.lease_check_at(), None, "no leases: no looks, no wake-ups");
+        assert!(!g.has_leases());
+    }
+
+    /// The kernel names the sender: a child process leases a DREQ and waits; its lease is
+    /// kept under its pid (not ours) while it lives and sent, once, from QP1 when it is gone.
+    #[test]
+    fn the_lease_of_a_process_that_died_is_sent_once() {
+        let me = own_addr(1);
+        let peer: IpAddr = "10.9.9.8".parse().unwrap();
+        let mut g = Gsi::bind(me).expect("bind the engine's CM socket");
+        let engine = SocketAddrUnix::new_abstract_name(engine_cm_name(me).as_bytes()).unwrap();
+        let d = dreq(0x1234_5001, 0xabcd_e002);
+        let e = Envelope {
+            flags: LEASE,
+            src: gid_of(me),
+            dst: gid_of(peer),
+            src_qpn: 1,
+            mad: d,
+        }
+        .encode();
+        let sock = socket_with(
+            AddressFamily::UNIX,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::connect(&sock, &engine).unwrap();
+        let (hold_r, hold_w) = rustix::pipe::pipe().unwrap();
+        // SAFETY: the child calls only async-signal-safe functions (send, read, _exit) on
+        // memory prepared before the fork, as a child of a multithreaded process must.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork");
+        if child == 0 {
+            // SAFETY: the envelope and descriptors were made before the fork and stay valid.
+            unsafe {
+                libc::send(sock.as_raw_fd(), e.as_ptr().cast(), e.len(), 0);
+                // Its copy of the write end, or the read below would never see the end.
+                libc::close(hold_w.as_raw_fd());
+                let mut b = [0u8; 1];
+                // Alive until the parent closes its end of the pipe.
+                libc::read(hold_r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        drop(hold_r);
+        let mut out = Vec::new();
+        let ours = |a: IpAddr| a == me;
+        let t0 = Instant::now();
+        while g.counts.leases == 0 && t0.elapsed() < Duration::from_secs(5) {
+            g.outgoing(ours, &mut out);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(g.counts.leases, 1, "the child's lease is held");
+        g.check_leases(Some(child as u32), lease::CHECK_EVERY, &mut out);
+        g.check_leases(None, lease::CHECK_EVERY, &mut out);
+        assert!(out.is_empty(), "the child lives: nothing sent");
+        // The lease is the child's, not this process's: our cancel does not touch it.
+        let mine = SocketAddrUnix::new_abstract_name(engine_cm_name(me).as_bytes()).unwrap();
+        let cancel = Envelope {
+            flags: CANCEL,
+            ..Envelope::decode(&e).unwrap()
+        };
+        sendto(&sock, &cancel.encode(), SendFlags::empty(), &mine).unwrap();
+        g.outgoing(ours, &mut out);
+        assert_eq!(g.counts.leases, 1, "another process cannot cancel it");
+
+        drop(hold_w);
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        g.check_leases(None, lease::CHECK_EVERY, &mut out);
+        assert_eq!(out.len(), 1, "the dead child's DREQ went out");
+        assert_eq!(out[0].0, peer);
+        let p = Datagram::parse(&out[0].1).unwrap();
+        assert_eq!((p.ip.src(), p.ip.dst()), (me, peer));
+        assert_eq!(p.headers.bth.dest_qp, 1);
+        assert_eq!(p.headers.deth.map(|x| x.src_qp), Some(1));
+        assert_eq!(gsi_mad(&p), Some(&d));
+        let c = g.counts;
+        assert_eq!(
+            (c.leases, c.leases_fired, c.sent, c.wire_sent),
+            (0, 1, 1, 1)
+        );
+        out.clear();
+        g.check_leases(Some(child as u32), lease::CHECK_EVERY, &mut out);
+        g.check_leases(None, lease::CHECK_EVERY, &mut out);
+        assert!(out.is_empty(), "sent once");
+        assert_eq!(g.lease_check_at(), None);
+    }
+
+    /// An envelope the kernel gives without its sender's credentials (the socket does not ask
+    /// for them here) is dropped and counted, a lease as any other.
+    #[test]
+    fn an_envelope_without_credentials_is_dropped() {
+        let me = own_addr(2);
+        let name = engine_cm_name(me);
+        let plain = dgram_bound(&name);
+        let mut g = Gsi {
+            sock: Some(plain),
+            ..Gsi::unbound()
+        };
+        let engine = SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap();
+        let agent = dgram_bound(&agent_name(0xa0000 | (std::process::id() & 0xffff)));
+        let mut e = envelope();
+        e.src = gid_of(me);
+        e.dst = gid_of("10.9.9.7".parse().unwrap());
+        sendto(&agent, &e.encode(), SendFlags::empty(), &engine).unwrap();
+        e.flags = LEASE;
+        e.mad = dreq(1, 2);
+        sendto(&agent, &e.encode(), SendFlags::empty(), &engine).unwrap();
+        let mut out = Vec::new();
+        assert!(g.outgoing(|a| a == me, &mut out));
+        assert!(out.is_empty());
+        let c = g.counts;
+        assert_eq!((c.bad_envelopes, c.dropped, c.sent, c.leases), (2, 2, 0, 0));
+    }
+
+    /// Descriptors sent along with an envelope are closed at once: the write end of a pipe
+    /// passed to the engine is gone once the envelope is read (its reader sees the end).
+    #[test]
+    fn descriptors_passed_along_are_closed() {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, sendmsg_addr};
+        let me = own_addr(3);
+        let mut g = Gsi::bind(me).expect("bind the engine's CM socket");
+        let engine = SocketAddrUnix::new_abstract_name(engine_cm_name(me).as_bytes()).unwrap();
+        let agent = dgram_bound(&agent_name(0xb0000 | (std::process::id() & 0xffff)));
+        let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::NONBLOCK).unwrap();
+        let mut e = envelope();
+        e.src = gid_of(me);
+        e.dst = gid_of("10.9.9.6".parse().unwrap());
+        let bytes = e.encode();
+        let fds = [w.as_fd()];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        sendmsg_addr(
+            &agent,
+            &engine,
+            &[std::io::IoSlice::new(&bytes)],
+            &mut control,
+            SendFlags::empty(),
+        )
+        .unwrap();
+        drop(w);
+        let mut out = Vec::new();
+        assert!(g.outgoing(|a| a == me, &mut out));
+        assert_eq!(out.len(), 1, "the envelope itself is good");
+        let mut b = [0u8; 1];
+        assert_eq!(
+            rustix::io::read(&r, &mut b),
+            Ok(0),
+            "the engine kept no copy of the write end"
+        );
     }
 
     proptest::proptest! {

@@ -26,6 +26,7 @@
 
 pub(crate) mod gsi;
 pub(crate) mod io;
+pub(crate) mod lease;
 pub(crate) mod memory;
 
 use super::protocol::{
@@ -77,6 +78,10 @@ fn default_spin() -> Duration {
 
 /// How often a busy engine looks for control messages it was not woken for.
 const CONTROL_EVERY: Duration = Duration::from_millis(1);
+
+/// When leases are looked at again after a client went whose process still seemed alive
+/// (its connection closes as it exits, a moment before it is dead).
+const SOON_AFTER_A_CLIENT: Duration = Duration::from_millis(10);
 
 /// The engine's nice value where it may raise its priority.
 const ENGINE_NICE: libc::c_int = -10;
@@ -483,6 +488,13 @@ impl Engine {
                 self.control_due = false;
                 self.last_control = Instant::now();
             }
+            if self
+                .gsi
+                .lease_check_at()
+                .is_some_and(|t| t <= Instant::now())
+            {
+                self.cm_check_leases(None);
+            }
             busy |= self.receive();
             busy |= self.take_wqes();
             let now = self.now();
@@ -496,7 +508,8 @@ impl Engine {
             }
             match (self.clients.is_empty(), alone_since) {
                 (true, None) => alone_since = Some(Instant::now()),
-                (true, Some(t)) if t.elapsed() >= LINGER => break,
+                // Leased DREQs keep the engine: it is the one left to send them.
+                (true, Some(t)) if t.elapsed() >= LINGER && !self.gsi.has_leases() => break,
                 (false, Some(_)) => alone_since = None,
                 _ => {}
             }
@@ -531,6 +544,11 @@ impl Engine {
             .min();
         let wait = deadline.map_or(Duration::from_secs(1), |t| t.since(now));
         let wait = wait.min(Duration::from_secs(1));
+        // Only while leases are held: without them the engine sleeps as long as ever.
+        let wait = match self.gsi.lease_check_at() {
+            Some(t) => wait.min(t.saturating_duration_since(Instant::now())),
+            None => wait,
+        };
         let bell = self.bell.fd();
         let mut fds = vec![
             PollFd::new(&self.listener, PollFlags::IN),
@@ -617,6 +635,12 @@ impl Engine {
                 let c = self.clients.swap_remove(i);
                 for qpn in c.qps {
                     self.close(qpn);
+                }
+                // A client that goes may be a process that died: its leases go out now if it
+                // is already gone, else at the next look, made soon (its descriptors close
+                // before it is seen as dead).
+                if self.gsi.has_leases() {
+                    self.cm_check_leases(Some(c.pid));
                 }
                 any = true;
             } else {
@@ -915,6 +939,18 @@ impl Engine {
             .outgoing(|a| socks.iter().any(|s| s.addr == a), &mut out);
         self.send_gsi(out);
         any
+    }
+
+    /// Sends the leased DREQs of processes that are gone ([`gsi::Gsi::check_leases`]): of
+    /// `pid` alone (a client that went, looked at again soon), or of the next sweep's.
+    fn cm_check_leases(&mut self, pid: Option<u32>) {
+        let next = match pid {
+            Some(_) => SOON_AFTER_A_CLIENT,
+            None => lease::CHECK_EVERY,
+        };
+        let mut out = Vec::new();
+        self.gsi.check_leases(pid, next, &mut out);
+        self.send_gsi(out);
     }
 
     /// A datagram to QP1 in `self.rx[start..end]`: to the local agent it is for, or answered.
