@@ -33,6 +33,13 @@ pub struct Verbs {
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
     pub create_srq: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq,
     pub destroy_srq: unsafe extern "C" fn(*mut ibv_srq) -> c_int,
+    /// For rsockets: their buffers and iomapped windows.
+    pub reg_mr: unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr,
+    pub dereg_mr: unsafe extern "C" fn(*mut ibv_mr) -> c_int,
+    /// For rsockets: waking on completions.
+    pub get_cq_event:
+        unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
+    pub ack_cq_events: unsafe extern "C" fn(*mut ibv_cq, core::ffi::c_uint),
 }
 
 static VERBS: OnceLock<Option<Verbs>> = OnceLock::new();
@@ -89,5 +96,9 @@ fn load() -> Option<Verbs> {
         modify_qp: sym!("ibv_modify_qp"),
         create_srq: sym!("ibv_create_srq"),
         destroy_srq: sym!("ibv_destroy_srq"),
+        reg_mr: sym!("ibv_reg_mr"),
+        dereg_mr: sym!("ibv_dereg_mr"),
+        get_cq_event: sym!("ibv_get_cq_event"),
+        ack_cq_events: sym!("ibv_ack_cq_events"),
     })
 }
