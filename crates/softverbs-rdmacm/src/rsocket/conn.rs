@@ -201,7 +201,10 @@ pub fn set_nonblock(fd: c_int) {
 
 impl Conn {
     /// The resources for a connection on `id` (which has a device), with a QP on it.
-    pub fn new(id: *mut rdma_cm_id, opts: &Opts) -> Result<Box<Conn>, c_int> {
+    ///
+    /// # Safety
+    /// `id` is a live id of this library without a QP.
+    pub unsafe fn new(id: *mut rdma_cm_id, opts: &Opts) -> Result<Box<Conn>, c_int> {
         let v = verbs().ok_or(libc::ENOSYS)?;
         // SAFETY: `id` is this socket's live id.
         let ctx = unsafe { (*id).verbs };
@@ -291,14 +294,18 @@ impl Conn {
         match r {
             Ok(()) => Ok(c),
             Err(e) => {
-                c.free(id);
+                // SAFETY: the caller's id, which the QP (if any) was made on.
+                unsafe { c.free(id) };
                 Err(e)
             }
         }
     }
 
     /// Frees everything (the QP through the id it was made on).
-    pub fn free(&mut self, id: *mut rdma_cm_id) {
+    ///
+    /// # Safety
+    /// `id` is the live id the connection was made on.
+    pub unsafe fn free(&mut self, id: *mut rdma_cm_id) {
         let Some(v) = verbs() else { return };
         // SAFETY: the objects are this connection's, each freed once and nulled.
         unsafe {
@@ -495,7 +502,8 @@ impl Conn {
             }
             Kind::Iomap => {
                 // SAFETY: `len` bytes of our receive slot `j`, which the NIC has filled.
-                let b = unsafe { std::slice::from_raw_parts(self.slot_ptr(false, j), len as usize) };
+                let b =
+                    unsafe { std::slice::from_raw_parts(self.slot_ptr(false, j), len as usize) };
                 if let Some(m) = IomapMsg::parse(b) {
                     self.remote_maps.retain(|x| x.offset != m.offset);
                     self.remote_maps.push(m);
@@ -610,7 +618,12 @@ impl Conn {
     }
 
     /// RDMA WRITEs what fits of `data` now to the peer's `remote_addr` (rkey `rkey`).
-    pub fn write_remote(&mut self, data: &[u8], remote_addr: u64, rkey: u32) -> Result<usize, c_int> {
+    pub fn write_remote(
+        &mut self,
+        data: &[u8],
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<usize, c_int> {
         let mut done = 0;
         while done < data.len() && !self.gone && self.sq_out < self.sq_max {
             let Some(j) = self.free_send.pop() else { break };
@@ -706,7 +719,15 @@ impl Conn {
 
 impl Socket {
     /// A socket on `channel` with `id`, numbered by the channel's fd.
-    pub fn new(channel: *mut rdma_event_channel, id: *mut rdma_cm_id, family: c_int) -> Socket {
+    ///
+    /// # Safety
+    /// `channel` is a live event channel of this library and `id` a live id on it, both
+    /// owned by the socket from now on.
+    pub unsafe fn new(
+        channel: *mut rdma_event_channel,
+        id: *mut rdma_cm_id,
+        family: c_int,
+    ) -> Socket {
         // SAFETY: a live channel of ours.
         let fd = unsafe { (*channel).fd };
         set_nonblock(fd);
@@ -795,12 +816,15 @@ impl Inner {
 
     /// The descriptors a wait sleeps on: the CM channel, and the completion channel.
     pub fn wait_fds(&self) -> Vec<libc::pollfd> {
-        // SAFETY: our live event channel.
-        let mut v = vec![libc::pollfd {
-            fd: unsafe { (*self.channel).fd },
-            events: libc::POLLIN,
-            revents: 0,
-        }];
+        let mut v = Vec::new();
+        if !self.channel.is_null() {
+            v.push(libc::pollfd {
+                // SAFETY: our live event channel.
+                fd: unsafe { (*self.channel).fd },
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
         if let Some(c) = &self.conn {
             v.push(libc::pollfd {
                 fd: c.event_fd(),
@@ -825,8 +849,11 @@ impl Inner {
                 let data = if p.private_data.is_null() {
                     Vec::new()
                 } else {
-                    std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize)
-                        .to_vec()
+                    std::slice::from_raw_parts(
+                        p.private_data as *const u8,
+                        p.private_data_len as usize,
+                    )
+                    .to_vec()
                 };
                 (e.event, e.status, data)
             };
@@ -861,11 +888,13 @@ impl Inner {
                 | RDMA_CM_EVENT_CONNECT_ERROR
                 | RDMA_CM_EVENT_ADDR_ERROR
                 | RDMA_CM_EVENT_ROUTE_ERROR,
-            ) => self.fail(if status == -libc::ETIMEDOUT || kind == RDMA_CM_EVENT_UNREACHABLE {
-                libc::ETIMEDOUT
-            } else {
-                libc::ECONNREFUSED
-            }),
+            ) => self.fail(
+                if status == -libc::ETIMEDOUT || kind == RDMA_CM_EVENT_UNREACHABLE {
+                    libc::ETIMEDOUT
+                } else {
+                    libc::ECONNREFUSED
+                },
+            ),
             (St::Connecting | St::Connected, RDMA_CM_EVENT_DISCONNECTED) => {
                 if self.st == St::Connecting {
                     self.fail(libc::ECONNRESET);
@@ -894,10 +923,13 @@ impl Inner {
         }
     }
 
-    /// Frees the connection and the id (the socket is being closed).
+    /// Frees the connection and the id (the socket is being closed). A thread of the
+    /// program still waiting in a call on the socket finds it failed (`ENOTCONN`).
     pub fn teardown(&mut self) {
+        self.st = St::Failed;
         if let Some(mut c) = self.conn.take() {
-            c.free(self.id);
+            // SAFETY: the socket's id, which the connection was made on.
+            unsafe { c.free(self.id) };
         }
         if !self.id.is_null() {
             // SAFETY: our id, destroyed once (this also disconnects it).
@@ -909,7 +941,14 @@ impl Inner {
 
 /// Waits (up to `limit`) for a CM event of `want` on `channel`; another kind fails with
 /// `ECONNREFUSED` (reject) or `ETIMEDOUT`.
-pub fn wait_cm(channel: *mut rdma_event_channel, want: c_int, limit: Duration) -> Result<Vec<u8>, c_int> {
+///
+/// # Safety
+/// `channel` is a live, non-blocking event channel of this library.
+pub unsafe fn wait_cm(
+    channel: *mut rdma_event_channel,
+    want: c_int,
+    limit: Duration,
+) -> Result<Vec<u8>, c_int> {
     let end = Instant::now() + limit;
     loop {
         let mut ev = std::ptr::null_mut();
@@ -922,8 +961,11 @@ pub fn wait_cm(channel: *mut rdma_event_channel, want: c_int, limit: Duration) -
                 let data = if p.private_data.is_null() {
                     Vec::new()
                 } else {
-                    std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize)
-                        .to_vec()
+                    std::slice::from_raw_parts(
+                        p.private_data as *const u8,
+                        p.private_data_len as usize,
+                    )
+                    .to_vec()
                 };
                 (e.event, data)
             };

@@ -32,10 +32,16 @@ pub unsafe extern "C" fn sv_riomap(
             return Err(libc::EINVAL);
         }
         let v = verbs().ok_or(libc::ENOSYS)?;
-        let offset = if offset == -1 { buf as u64 } else { offset as u64 };
+        let offset = if offset == -1 {
+            buf as u64
+        } else {
+            offset as u64
+        };
         let m = {
             let mut g = s.lock();
-            let c = g.connected().map_err(|e| if e == libc::EAGAIN { libc::ENOTCONN } else { e })?;
+            let c = g
+                .connected()
+                .map_err(|e| if e == libc::EAGAIN { libc::ENOTCONN } else { e })?;
             // SAFETY: the program's buffer (its contract) on our connection's PD.
             let mr = unsafe { (v.reg_mr)(c.pd(), buf, len, IOMAP_ACCESS) };
             if mr.is_null() {

@@ -55,7 +55,10 @@ fn ret_size(r: Result<usize, c_int>) -> isize {
 ///
 /// # Safety
 /// `sa` is NULL or `len` readable bytes.
-unsafe fn sockaddr_arg(sa: *const libc::sockaddr, len: libc::socklen_t) -> Result<SocketAddr, c_int> {
+unsafe fn sockaddr_arg(
+    sa: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> Result<SocketAddr, c_int> {
     if sa.is_null() {
         return Err(libc::EFAULT);
     }
@@ -146,15 +149,17 @@ pub extern "C" fn sv_rsocket(domain: c_int, type_: c_int, protocol: c_int) -> c_
         }
         let mut id = std::ptr::null_mut();
         // SAFETY: our new channel and a writable out-pointer.
-        if unsafe { crate::api::id::sv_rdma_create_id(ch, &mut id, std::ptr::null_mut(), RDMA_PS_TCP) }
-            != 0
+        if unsafe {
+            crate::api::id::sv_rdma_create_id(ch, &mut id, std::ptr::null_mut(), RDMA_PS_TCP)
+        } != 0
         {
             let e = last_errno();
             // SAFETY: the channel made above, with no ids.
             unsafe { crate::channel::sv_rdma_destroy_event_channel(ch) };
             return Err(e);
         }
-        let s = Arc::new(Socket::new(ch, id, domain));
+        // SAFETY: the channel and the id on it made above, now the socket's.
+        let s = Arc::new(unsafe { Socket::new(ch, id, domain) });
         s.lock().nonblock = type_ & libc::SOCK_NONBLOCK != 0;
         let fd = s.fd;
         table::insert(s);
@@ -321,11 +326,13 @@ pub unsafe extern "C" fn sv_raccept(
             unsafe { crate::channel::sv_rdma_destroy_event_channel(ch) };
             return reject(e);
         }
-        let ns = Arc::new(Socket::new(ch, new_id, family));
+        // SAFETY: the new channel and the request's id, migrated onto it; the socket's now.
+        let ns = Arc::new(unsafe { Socket::new(ch, new_id, family) });
         let setup = (|| {
             let mut g = ns.lock();
             g.opts = opts;
-            let mut c: Box<Conn> = Conn::new(new_id, &opts)?;
+            // SAFETY: the request's live id, without a QP.
+            let mut c: Box<Conn> = unsafe { Conn::new(new_id, &opts) }?;
             c.flow = Flow::new(c.nrecv, peer.slots);
             let hello = conn::hello(&c);
             let mut p = conn_param(&hello);
@@ -393,13 +400,16 @@ pub unsafe extern "C" fn sv_rconnect(
         {
             return Err(last_errno());
         }
-        wait_cm(g.channel, RDMA_CM_EVENT_ADDR_RESOLVED, SETUP_TIMEOUT)?;
+        // SAFETY: the socket's live, non-blocking channel.
+        unsafe { wait_cm(g.channel, RDMA_CM_EVENT_ADDR_RESOLVED, SETUP_TIMEOUT) }?;
         // SAFETY: our live id, its address resolved.
         if unsafe { crate::api::id::sv_rdma_resolve_route(g.id, 2000) } != 0 {
             return Err(last_errno());
         }
-        wait_cm(g.channel, RDMA_CM_EVENT_ROUTE_RESOLVED, SETUP_TIMEOUT)?;
-        let c = Conn::new(g.id, &g.opts)?;
+        // SAFETY: as above.
+        unsafe { wait_cm(g.channel, RDMA_CM_EVENT_ROUTE_RESOLVED, SETUP_TIMEOUT) }?;
+        // SAFETY: the socket's live id, without a QP (it is not connected yet).
+        let c = unsafe { Conn::new(g.id, &g.opts) }?;
         let hello = conn::hello(&c);
         let mut p = conn_param(&hello);
         g.conn = Some(c);
@@ -407,7 +417,8 @@ pub unsafe extern "C" fn sv_rconnect(
         if unsafe { crate::api::conn::sv_rdma_connect(g.id, &mut p) } != 0 {
             let e = last_errno();
             if let Some(mut c) = g.conn.take() {
-                c.free(g.id);
+                // SAFETY: the socket's id, which the connection was made on.
+                unsafe { c.free(g.id) };
             }
             return Err(e);
         }
@@ -500,7 +511,11 @@ pub extern "C" fn sv_rclose(socket: c_int) -> c_int {
 ///
 /// # Safety
 /// Each `(ptr, len)` is writable.
-unsafe fn recv_bufs(socket: c_int, bufs: &[(*mut u8, usize)], flags: c_int) -> Result<usize, c_int> {
+unsafe fn recv_bufs(
+    socket: c_int,
+    bufs: &[(*mut u8, usize)],
+    flags: c_int,
+) -> Result<usize, c_int> {
     let s = table::get(socket)?;
     let total: usize = bufs.iter().map(|b| b.1).sum();
     if bufs.iter().any(|b| b.0.is_null() && b.1 > 0) {
@@ -542,7 +557,11 @@ unsafe fn recv_bufs(socket: c_int, bufs: &[(*mut u8, usize)], flags: c_int) -> R
             return Some(Ok(()));
         }
         if c.pending() == 0 && (c.peer_fin || c.gone) {
-            return Some(if got > 0 || c.err == 0 { Ok(()) } else { Err(c.err) });
+            return Some(if got > 0 || c.err == 0 {
+                Ok(())
+            } else {
+                Err(c.err)
+            });
         }
         None
     });
@@ -559,7 +578,11 @@ unsafe fn recv_bufs(socket: c_int, bufs: &[(*mut u8, usize)], flags: c_int) -> R
 ///
 /// # Safety
 /// Each `(ptr, len)` is readable.
-unsafe fn send_bufs(socket: c_int, bufs: &[(*const u8, usize)], flags: c_int) -> Result<usize, c_int> {
+unsafe fn send_bufs(
+    socket: c_int,
+    bufs: &[(*const u8, usize)],
+    flags: c_int,
+) -> Result<usize, c_int> {
     let s = table::get(socket)?;
     let total: usize = bufs.iter().map(|b| b.1).sum();
     if bufs.iter().any(|b| b.0.is_null() && b.1 > 0) {
@@ -609,7 +632,7 @@ unsafe fn send_bufs(socket: c_int, bufs: &[(*const u8, usize)], flags: c_int) ->
 /// # Safety
 /// `iov` is NULL or `n` readable iovecs.
 unsafe fn iovecs(iov: *const libc::iovec, n: c_int) -> Result<Vec<(*mut u8, usize)>, c_int> {
-    if n < 0 || n > libc::UIO_MAXIOV {
+    if !(0..=libc::UIO_MAXIOV).contains(&n) {
         return Err(libc::EINVAL);
     }
     if n == 0 {
@@ -620,7 +643,9 @@ unsafe fn iovecs(iov: *const libc::iovec, n: c_int) -> Result<Vec<(*mut u8, usiz
     }
     // SAFETY: the caller's contract.
     let v = unsafe { std::slice::from_raw_parts(iov, n as usize) };
-    Ok(v.iter().map(|i| (i.iov_base.cast::<u8>(), i.iov_len)).collect())
+    Ok(v.iter()
+        .map(|i| (i.iov_base.cast::<u8>(), i.iov_len))
+        .collect())
 }
 
 fn consts(v: Vec<(*mut u8, usize)>) -> Vec<(*const u8, usize)> {
@@ -632,7 +657,12 @@ fn consts(v: Vec<(*mut u8, usize)>) -> Vec<(*const u8, usize)> {
 /// # Safety
 /// `buf` is `len` writable bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn sv_rrecv(socket: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize {
+pub unsafe extern "C" fn sv_rrecv(
+    socket: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+) -> isize {
     // SAFETY: the caller's contract.
     ret_size(unsafe { recv_bufs(socket, &[(buf.cast(), len)], flags) })
 }
@@ -673,7 +703,9 @@ pub unsafe extern "C" fn sv_rrecvfrom(
     // SAFETY: the caller's contract.
     let r = unsafe { recv_bufs(socket, &[(buf.cast(), len)], flags) };
     if r.is_ok() && !src_addr.is_null() {
-        let peer = table::get(socket).ok().and_then(|s| id_addr(s.lock().id, false));
+        let peer = table::get(socket)
+            .ok()
+            .and_then(|s| id_addr(s.lock().id, false));
         // SAFETY: the caller's contract.
         if let Err(e) = unsafe { write_sockaddr(peer, src_addr, addrlen) } {
             return ret_size(Err(e));
@@ -700,7 +732,9 @@ pub unsafe extern "C" fn sv_rrecvmsg(socket: c_int, msg: *mut libc::msghdr, flag
         m.msg_controllen = 0;
         m.msg_flags = 0;
         if !m.msg_name.is_null() {
-            let peer = table::get(socket).ok().and_then(|s| id_addr(s.lock().id, false));
+            let peer = table::get(socket)
+                .ok()
+                .and_then(|s| id_addr(s.lock().id, false));
             // SAFETY: the caller's name buffer of `msg_namelen` bytes.
             let _ = unsafe { write_sockaddr(peer, m.msg_name.cast(), &mut m.msg_namelen) };
         }
@@ -713,7 +747,12 @@ pub unsafe extern "C" fn sv_rrecvmsg(socket: c_int, msg: *mut libc::msghdr, flag
 /// # Safety
 /// `buf` is `len` readable bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn sv_rsend(socket: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize {
+pub unsafe extern "C" fn sv_rsend(
+    socket: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+) -> isize {
     // SAFETY: the caller's contract.
     ret_size(unsafe { send_bufs(socket, &[(buf.cast(), len)], flags) })
 }
@@ -733,9 +772,15 @@ pub unsafe extern "C" fn sv_rwrite(socket: c_int, buf: *const c_void, count: usi
 /// # Safety
 /// `iov` is `iovcnt` iovecs of readable buffers.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn sv_rwritev(socket: c_int, iov: *const libc::iovec, iovcnt: c_int) -> isize {
+pub unsafe extern "C" fn sv_rwritev(
+    socket: c_int,
+    iov: *const libc::iovec,
+    iovcnt: c_int,
+) -> isize {
     // SAFETY: the caller's contract.
-    ret_size(unsafe { iovecs(iov, iovcnt) }.and_then(|b| unsafe { send_bufs(socket, &consts(b), 0) }))
+    ret_size(
+        unsafe { iovecs(iov, iovcnt) }.and_then(|b| unsafe { send_bufs(socket, &consts(b), 0) }),
+    )
 }
 
 /// `rsendto`: on a stream socket a destination is `EISCONN`, as rdma-core's.
@@ -766,7 +811,11 @@ pub unsafe extern "C" fn sv_rsendto(
 /// # Safety
 /// `msg` is a readable `msghdr` with valid iovecs.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn sv_rsendmsg(socket: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
+pub unsafe extern "C" fn sv_rsendmsg(
+    socket: c_int,
+    msg: *const libc::msghdr,
+    flags: c_int,
+) -> isize {
     if msg.is_null() {
         return ret_size(Err(libc::EFAULT));
     }
@@ -840,4 +889,168 @@ pub unsafe extern "C" fn sv_rgetsockname(
         unsafe { write_sockaddr(local, addr, addrlen) }?;
         Ok(0)
     })())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The calls' argument checks and `rpoll`/`rselect` over ordinary fds; these need no
+    //! device. Connections are exercised by rstream and riostream in
+    //! `crates/softverbs-cli/tests/rsocket_tools.rs`.
+
+    use super::*;
+    use crate::rsocket::opts::{sv_rfcntl, sv_rgetsockopt, sv_rsetsockopt};
+    use crate::rsocket::poll::{sv_rpoll, sv_rselect};
+
+    fn errno() -> c_int {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// A descriptor that is certainly not an rsocket: a fresh pipe's read end.
+    fn pipe() -> (c_int, c_int) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe fills the array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        (fds[0], fds[1])
+    }
+
+    #[test]
+    fn unknown_families_and_types_are_refused_before_any_device_is_touched() {
+        assert_eq!(sv_rsocket(libc::AF_UNIX, libc::SOCK_STREAM, 0), -1);
+        assert_eq!(errno(), libc::EAFNOSUPPORT);
+        assert_eq!(sv_rsocket(libc::AF_INET, libc::SOCK_DGRAM, 0), -1);
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        assert_eq!(sv_rsocket(libc::AF_INET, libc::SOCK_RAW, 0), -1);
+        assert_eq!(errno(), libc::ESOCKTNOSUPPORT);
+        assert_eq!(
+            sv_rsocket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_UDP),
+            -1
+        );
+        assert_eq!(errno(), libc::EPROTONOSUPPORT);
+    }
+
+    #[test]
+    fn calls_on_what_is_not_an_rsocket_are_ebadf() {
+        let (r, w) = pipe();
+        let mut b = [0u8; 4];
+        let mut len: libc::socklen_t = 4;
+        // SAFETY: every pointer is to live local memory; the fds are not rsockets.
+        unsafe {
+            for fd in [-1, r, 12345] {
+                assert_eq!(sv_rrecv(fd, b.as_mut_ptr().cast(), 4, 0), -1);
+                assert_eq!(errno(), libc::EBADF);
+                assert_eq!(sv_rsend(fd, b.as_ptr().cast(), 4, 0), -1);
+                assert_eq!(errno(), libc::EBADF);
+                assert_eq!(sv_rclose(fd), -1);
+                assert_eq!(errno(), libc::EBADF);
+                assert_eq!(sv_rshutdown(fd, libc::SHUT_RDWR), -1);
+                assert_eq!(errno(), libc::EBADF);
+                assert_eq!(sv_rlisten(fd, 1), -1);
+                assert_eq!(errno(), libc::EBADF);
+                assert_eq!(sv_rfcntl(fd, libc::F_GETFL, 0), -1);
+                assert_eq!(errno(), libc::EBADF);
+                assert_eq!(
+                    sv_rsetsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, b.as_ptr().cast(), 4),
+                    -1
+                );
+                assert_eq!(errno(), libc::EBADF);
+                assert_eq!(
+                    sv_rgetsockopt(
+                        fd,
+                        libc::SOL_SOCKET,
+                        libc::SO_ERROR,
+                        b.as_mut_ptr().cast(),
+                        &mut len
+                    ),
+                    -1
+                );
+                assert_eq!(errno(), libc::EBADF);
+                assert_eq!(sv_rgetpeername(fd, b.as_mut_ptr().cast(), &mut len), -1);
+                assert_eq!(errno(), libc::EBADF);
+                assert_eq!(iomap::sv_riowrite(fd, b.as_ptr().cast(), 4, 0, 0), -1);
+                assert_eq!(errno(), libc::EBADF);
+            }
+            // The pipe is untouched by all that.
+            assert_eq!(libc::write(w, b"x".as_ptr().cast(), 1), 1);
+            assert_eq!(libc::read(r, b.as_mut_ptr().cast(), 4), 1);
+            libc::close(r);
+            libc::close(w);
+        }
+    }
+
+    #[test]
+    fn bad_addresses_are_efault_or_einval() {
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr { s_addr: 0 },
+            sin_zero: [0; 8],
+        };
+        let unix = libc::sockaddr {
+            sa_family: libc::AF_UNIX as libc::sa_family_t,
+            sa_data: [0; 14],
+        };
+        // SAFETY: NULL or live local addresses with the lengths given.
+        unsafe {
+            assert_eq!(sockaddr_arg(std::ptr::null(), 16), Err(libc::EFAULT));
+            let p = (&sin as *const libc::sockaddr_in).cast::<libc::sockaddr>();
+            assert_eq!(sockaddr_arg(p, 8), Err(libc::EINVAL));
+            assert!(sockaddr_arg(p, 16).is_ok());
+            assert_eq!(sockaddr_arg(&unix, 16), Err(libc::EAFNOSUPPORT));
+            assert_eq!(iovecs(std::ptr::null(), 2), Err(libc::EFAULT));
+            assert_eq!(iovecs(std::ptr::null(), -1), Err(libc::EINVAL));
+        }
+    }
+
+    #[test]
+    fn rpoll_and_rselect_work_on_ordinary_fds_and_time_out() {
+        let (r, w) = pipe();
+        let mut p = [libc::pollfd {
+            fd: r,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: live pollfds, fd_sets and timevals; our pipe.
+        unsafe {
+            let t = std::time::Instant::now();
+            assert_eq!(sv_rpoll(p.as_mut_ptr(), 1, 120), 0);
+            let waited = t.elapsed();
+            assert!(waited >= Duration::from_millis(110), "{waited:?}");
+            assert_eq!(libc::write(w, b"x".as_ptr().cast(), 1), 1);
+            assert_eq!(sv_rpoll(p.as_mut_ptr(), 1, -1), 1);
+            assert_eq!(p[0].revents, libc::POLLIN);
+            let mut set: libc::fd_set = std::mem::zeroed();
+            libc::FD_ZERO(&mut set);
+            libc::FD_SET(r, &mut set);
+            let mut tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            };
+            assert_eq!(
+                sv_rselect(
+                    r + 1,
+                    &mut set,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    &mut tv
+                ),
+                1
+            );
+            assert!(libc::FD_ISSET(r, &set));
+            assert_eq!(sv_rpoll(std::ptr::null_mut(), 1, 0), -1);
+            assert_eq!(errno(), libc::EFAULT);
+            assert_eq!(
+                sv_rselect(
+                    -1,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    &mut tv
+                ),
+                -1
+            );
+            assert_eq!(errno(), libc::EINVAL);
+            libc::close(r);
+            libc::close(w);
+        }
+    }
 }

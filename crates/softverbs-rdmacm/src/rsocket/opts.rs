@@ -193,7 +193,12 @@ pub extern "C" fn sv_rfcntl(socket: c_int, cmd: c_int, arg: usize) -> c_int {
     ret((|| {
         let s = table::get(socket)?;
         match cmd {
-            libc::F_GETFL => Ok(libc::O_RDWR | if s.lock().nonblock { libc::O_NONBLOCK } else { 0 }),
+            libc::F_GETFL => Ok(libc::O_RDWR
+                | if s.lock().nonblock {
+                    libc::O_NONBLOCK
+                } else {
+                    0
+                }),
             libc::F_SETFL => {
                 s.lock().nonblock = (arg as c_int) & libc::O_NONBLOCK != 0;
                 Ok(0)
@@ -202,7 +207,9 @@ pub extern "C" fn sv_rfcntl(socket: c_int, cmd: c_int, arg: usize) -> c_int {
                 // SAFETY: fcntl on the socket's own descriptor.
                 let r = unsafe { libc::fcntl(s.fd, cmd, arg as c_int) };
                 if r < 0 {
-                    Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+                    Err(std::io::Error::last_os_error()
+                        .raw_os_error()
+                        .unwrap_or(libc::EIO))
                 } else {
                     Ok(r)
                 }

@@ -7,7 +7,7 @@
 //! [`WAIT_SLICE_MS`](super::conn::WAIT_SLICE_MS) before it looks again, for events another
 //! thread of the program took.
 
-use super::conn::{St, Socket, WAIT_SLICE_MS};
+use super::conn::{Socket, St, WAIT_SLICE_MS};
 use super::{ret, table};
 use core::ffi::c_int;
 use std::sync::Arc;
@@ -19,7 +19,7 @@ fn revents(s: &Socket, events: i16) -> i16 {
     g.progress();
     let always = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
     let r = match g.st {
-        St::Listen => {
+        St::Listen if !g.channel.is_null() => {
             let mut p = libc::pollfd {
                 // SAFETY: the listener's live channel.
                 fd: unsafe { (*g.channel).fd },
@@ -30,7 +30,7 @@ fn revents(s: &Socket, events: i16) -> i16 {
             unsafe { libc::poll(&mut p, 1, 0) };
             p.revents & libc::POLLIN
         }
-        St::Connecting => 0,
+        St::Listen | St::Connecting => 0,
         St::Connected => match &g.conn {
             Some(c) => {
                 let mut r = 0;
@@ -92,7 +92,11 @@ fn check(fds: &mut [libc::pollfd], socks: &[Option<Arc<Socket>>]) -> c_int {
 /// # Safety
 /// `fds` is `nfds` readable and writable pollfds.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn sv_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
+pub unsafe extern "C" fn sv_rpoll(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    timeout: c_int,
+) -> c_int {
     if nfds > 0 && fds.is_null() {
         return ret(Err(libc::EFAULT));
     }
@@ -145,11 +149,10 @@ pub unsafe extern "C" fn sv_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, ti
         // SAFETY: a live array of pollfds.
         let r = unsafe { libc::poll(wait.as_mut_ptr(), wait.len() as libc::nfds_t, ms) };
         if r < 0 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            if e != libc::EINTR {
-                return ret(Err(e));
-            }
-            return ret(Err(libc::EINTR));
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            return ret(Err(e));
         }
         for s in socks.iter().flatten() {
             if let Some(c) = &s.lock().conn {
@@ -175,7 +178,8 @@ pub unsafe extern "C" fn sv_rselect(
         return ret(Err(libc::EINVAL));
     }
     // SAFETY: the caller's sets, NULL or valid.
-    let isset = |set: *mut libc::fd_set, fd: c_int| !set.is_null() && unsafe { libc::FD_ISSET(fd, set) };
+    let isset =
+        |set: *mut libc::fd_set, fd: c_int| !set.is_null() && unsafe { libc::FD_ISSET(fd, set) };
     let mut pfds = Vec::new();
     for fd in 0..nfds {
         let mut events = 0;
@@ -229,9 +233,18 @@ pub unsafe extern "C" fn sv_rselect(
             }
         };
         let err = p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0;
-        mark(readfds, p.events & libc::POLLIN != 0 && (p.revents & libc::POLLIN != 0 || err));
-        mark(writefds, p.events & libc::POLLOUT != 0 && (p.revents & libc::POLLOUT != 0 || err));
-        mark(exceptfds, p.events & libc::POLLPRI != 0 && p.revents & libc::POLLPRI != 0);
+        mark(
+            readfds,
+            p.events & libc::POLLIN != 0 && (p.revents & libc::POLLIN != 0 || err),
+        );
+        mark(
+            writefds,
+            p.events & libc::POLLOUT != 0 && (p.revents & libc::POLLOUT != 0 || err),
+        );
+        mark(
+            exceptfds,
+            p.events & libc::POLLPRI != 0 && p.revents & libc::POLLPRI != 0,
+        );
     }
     count
 }

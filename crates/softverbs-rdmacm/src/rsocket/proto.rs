@@ -213,7 +213,10 @@ mod tests {
                 assert_eq!(decode(encode(kind, n)), Some((kind, n)));
             }
         }
-        assert_eq!(decode(encode(Kind::Fin, u32::MAX)), Some((Kind::Fin, MAX_CREDITS)));
+        assert_eq!(
+            decode(encode(Kind::Fin, u32::MAX)),
+            Some((Kind::Fin, MAX_CREDITS))
+        );
         assert_eq!(decode(0xf000_0000), None);
     }
 
@@ -324,7 +327,10 @@ mod tests {
                 }
                 assert!(a.credits <= window && b.credits <= window);
                 idle = if moved { 0 } else { idle + 1 };
-                assert!(idle < 3, "window {window}: stalled at {read} read, {a:?} {b:?}");
+                assert!(
+                    idle < 3,
+                    "window {window}: stalled at {read} read, {a:?} {b:?}"
+                );
             }
         }
     }
