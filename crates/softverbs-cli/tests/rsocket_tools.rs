@@ -273,7 +273,8 @@ fn table_rows_parse() {
 /// `tests/c/rsocket_api.c`, built against the system's `<rdma/rsocket.h>` and run under
 /// `softverbs run`: addresses, options and their errors, `rpoll`/`rselect` with a pipe,
 /// `rwritev`, end of stream after `SHUT_WR`, a 3 MiB reply through an 8-slot window,
-/// non-blocking `EAGAIN` and bad descriptors, with server and client as two threads.
+/// non-blocking `EAGAIN` and bad descriptors, with server and client as two threads; then
+/// 4 MiB each way at once over one connection, a sending and a receiving thread at each end.
 #[test]
 fn rsocket_calls_from_c() {
     if !have_tools(module_path!(), &["cc"]) {

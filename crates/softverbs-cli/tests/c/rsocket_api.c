@@ -1,7 +1,8 @@
 /* The rsocket calls rstream and riostream do not reach, in one process with two threads
  * (a server and a client on 127.0.0.1): addresses, options and their errors, rpoll and
  * rselect mixed with a pipe, writev, a multi-megabyte reply under credit flow control,
- * SHUT_WR as end of stream at the peer, non-blocking EAGAIN, and bad descriptors.
+ * SHUT_WR as end of stream at the peer, non-blocking EAGAIN, bad descriptors, and both
+ * directions of one connection at once, from two threads at each end.
  * Prints "ok" and exits 0, or says what failed and exits 1. Run under `softverbs run`. */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,7 +22,57 @@
 	__FILE__, __LINE__, #c, errno, strerror(errno)); exit(1); } } while (0)
 
 #define REPLY (3 << 20)
+#define DUPLEX (4 << 20)
 static unsigned short port;
+
+struct xfer { int s; unsigned char *buf; };
+
+static void *send_all(void *arg)
+{
+	struct xfer *x = arg;
+
+	for (long i = 0; i < DUPLEX; i++)
+		x->buf[i] = (unsigned char) (i * 13 + 1);
+	CHECK(rsend(x->s, x->buf, DUPLEX, 0) == DUPLEX);
+	return NULL;
+}
+
+/* Both directions of one socket at once: a thread sends while this one receives. */
+static void duplex(int s)
+{
+	struct xfer x = { s, malloc(DUPLEX) };
+	unsigned char *in = malloc(DUPLEX);
+	long got = 0;
+	pthread_t t;
+	ssize_t n;
+
+	CHECK(x.buf && in);
+	CHECK(pthread_create(&t, NULL, send_all, &x) == 0);
+	while (got < DUPLEX) {
+		n = rrecv(s, in + got, DUPLEX - got, 0);
+		CHECK(n > 0);
+		got += n;
+	}
+	CHECK(pthread_join(t, NULL) == 0);
+	for (long i = 0; i < DUPLEX; i++)
+		CHECK(in[i] == (unsigned char) (i * 13 + 1));
+	free(x.buf);
+	free(in);
+}
+
+static void *duplex_client(void *arg)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(port),
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int s = rsocket(AF_INET, SOCK_STREAM, 0);
+
+	(void) arg;
+	CHECK(s >= 0);
+	CHECK(rconnect(s, (struct sockaddr *) &sin, sizeof sin) == 0);
+	duplex(s);
+	CHECK(rclose(s) == 0);
+	return NULL;
+}
 
 static void *client(void *arg)
 {
@@ -155,6 +206,14 @@ int main(void)
 	CHECK(rclose(s) == 0);
 	CHECK(pthread_join(t, NULL) == 0);
 	CHECK(rrecv(s, msg, 1, 0) == -1 && errno == EBADF);
+
+	/* Two threads on each end of one connection. */
+	CHECK(pthread_create(&t, NULL, duplex_client, NULL) == 0);
+	s = raccept(ls, NULL, NULL);
+	CHECK(s >= 0);
+	duplex(s);
+	CHECK(pthread_join(t, NULL) == 0);
+	CHECK(rclose(s) == 0);
 	CHECK(rclose(ls) == 0);
 	close(pipefd[0]);
 	close(pipefd[1]);

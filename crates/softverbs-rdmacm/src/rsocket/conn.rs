@@ -836,6 +836,16 @@ impl Inner {
     }
 
     fn cm_events(&mut self) {
+        if self.channel.is_null() {
+            return;
+        }
+        // SAFETY: every socket's channel is one of ours (`sv_rdma_create_event_channel`
+        // hands out a `Channel`, whose C struct comes first).
+        let ch = unsafe { &*(self.channel as *const crate::channel::Channel) };
+        // Most calls find no event: look at the queue before paying for a read(2).
+        if ch.pending() == 0 {
+            return;
+        }
         loop {
             let mut ev = std::ptr::null_mut();
             // SAFETY: our channel (non-blocking) and a writable out-pointer.
