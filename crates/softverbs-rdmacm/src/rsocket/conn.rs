@@ -769,6 +769,11 @@ impl Socket {
                 return r;
             }
             if (g.nonblock || dontwait) && !always {
+                drop(g);
+                // Programs retry EAGAIN at once (rstream, riostream): give the CPU to the
+                // peer if it waits for it, or two spinning processes on one core move
+                // only at the scheduler's tick.
+                std::thread::yield_now();
                 return Err(libc::EAGAIN);
             }
             g.arm();

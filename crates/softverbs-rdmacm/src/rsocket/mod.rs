@@ -535,7 +535,20 @@ unsafe fn recv_bufs(
             Err(e) => return Some(Err(e)),
         };
         if peek {
-            got = 0;
+            // Peeking starts at the front each time: copy what is there, then scatter it.
+            let mut tmp = vec![0u8; total.min(c.pending())];
+            got = c.recv(&mut tmp, true);
+            let mut at = 0;
+            for &(p, len) in bufs {
+                let n = len.min(got - at);
+                // SAFETY: `n` bytes into the caller's writable buffer.
+                unsafe { std::ptr::copy_nonoverlapping(tmp[at..].as_ptr(), p, n) };
+                at += n;
+            }
+            if got == 0 && c.gone && c.err != 0 {
+                return Some(Err(c.err));
+            }
+            return (got > 0 || c.peer_fin || c.gone).then_some(Ok(()));
         }
         // Fill the buffers in order from where the last try stopped.
         let mut skip = got;

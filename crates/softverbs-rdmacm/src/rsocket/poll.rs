@@ -40,7 +40,9 @@ fn revents(s: &Socket, events: i16) -> i16 {
                 if c.writable() {
                     r |= libc::POLLOUT;
                 }
-                if c.gone {
+                // Hung up once what came before the disconnect has been read: rstream
+                // treats POLLHUP as fatal, and the peer's last data may still wait here.
+                if c.gone && (c.pending() == 0 || events & libc::POLLIN == 0) {
                     r |= libc::POLLHUP;
                 }
                 if c.err != 0 {
