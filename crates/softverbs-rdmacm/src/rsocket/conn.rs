@@ -114,6 +114,7 @@ impl Opts {
 
 /// An rsocket. Its number is its event channel's fd.
 pub struct Socket {
+    /// The rsocket number the program holds.
     pub fd: c_int,
     inner: Mutex<Inner>,
 }
@@ -121,14 +122,19 @@ pub struct Socket {
 /// What the socket's lock guards.
 pub struct Inner {
     pub st: St,
+    /// `AF_INET` or `AF_INET6`, from `rsocket`.
     pub family: c_int,
+    /// The socket's own CM event channel (its fd is the socket's number).
     pub channel: *mut rdma_event_channel,
+    /// The socket's CM id, on `channel`.
     pub id: *mut rdma_cm_id,
     /// `O_NONBLOCK` set with `rfcntl`.
     pub nonblock: bool,
+    /// What `rsetsockopt` set.
     pub opts: Opts,
     /// `SO_ERROR`: the error of a failed non-blocking connect, read once.
     pub so_error: c_int,
+    /// The connection, from `rconnect` or `raccept` on.
     pub conn: Option<Box<Conn>>,
     /// `SHUT_RD`: reads return end of stream.
     pub shut_rd: bool,
@@ -163,22 +169,27 @@ pub struct Conn {
     buf: *mut u8,
     buf_len: usize,
     nsend: u32,
+    /// Receive slots: our window.
     pub nrecv: u32,
     free_send: Vec<u32>,
     sq_out: u32,
     sq_max: u32,
     rx: VecDeque<Rx>,
+    /// Credits.
     pub flow: Flow,
     /// The peer's FIN arrived: after `rx`, the stream ends.
     pub peer_fin: bool,
     /// `SHUT_WR`: a FIN is to go (or went).
     pub fin_pending: bool,
+    /// The FIN is posted.
     pub fin_sent: bool,
     /// Disconnected, or the QP failed: nothing more goes out or comes in.
     pub gone: bool,
     /// Why, if it was not an orderly disconnect.
     pub err: c_int,
+    /// Windows this side `riomap`ped.
     pub local_maps: Vec<LocalMap>,
+    /// Windows the peer announced, newest last.
     pub remote_maps: Vec<IomapMsg>,
 }
 
@@ -340,6 +351,7 @@ impl Conn {
         }
     }
 
+    /// The connection's PD (for `riomap`'s registrations).
     pub fn pd(&self) -> *mut ibv_pd {
         self.pd
     }
@@ -747,6 +759,7 @@ impl Socket {
         }
     }
 
+    /// The socket's state, locked (a poisoned lock is taken over: the state stays usable).
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }

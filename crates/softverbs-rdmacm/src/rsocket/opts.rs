@@ -13,10 +13,15 @@ use core::ffi::{c_int, c_void};
 
 /// `SOL_RDMA` of `<rdma/rsocket.h>` and its options.
 pub const SOL_RDMA: c_int = 0x10000;
+/// Send slots (messages in flight).
 pub const RDMA_SQSIZE: c_int = 0;
+/// Receive slots (the window offered to the peer).
 pub const RDMA_RQSIZE: c_int = 1;
+/// Inline size (kept; softverbs copies every message into a slot anyway).
 pub const RDMA_INLINE: c_int = 2;
+/// Most iomapped windows (kept).
 pub const RDMA_IOMAPSIZE: c_int = 3;
+/// A path record for the route (ignored: RoCE routes by GID).
 pub const RDMA_ROUTE: c_int = 4;
 
 /// `rsetsockopt`.

@@ -114,6 +114,7 @@ pub struct IomapMsg {
 pub const IOMAP_LEN: usize = 28;
 
 impl IomapMsg {
+    /// Wire form: offset, address, length (big-endian u64s), rkey (big-endian u32).
     pub fn to_bytes(self) -> [u8; IOMAP_LEN] {
         let mut b = [0u8; IOMAP_LEN];
         b[0..8].copy_from_slice(&self.offset.to_be_bytes());
@@ -123,6 +124,7 @@ impl IomapMsg {
         b
     }
 
+    /// Parses an announcement; `None` if it is short.
     pub fn parse(b: &[u8]) -> Option<IomapMsg> {
         if b.len() < IOMAP_LEN {
             return None;
