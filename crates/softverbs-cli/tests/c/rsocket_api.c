@@ -65,10 +65,13 @@ static void *duplex_client(void *arg)
 {
 	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(port),
 				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	int s = rsocket(AF_INET, SOCK_STREAM, 0);
+	int s = rsocket(AF_INET, SOCK_STREAM, 0), val = 4;
 
 	(void) arg;
 	CHECK(s >= 0);
+	/* The smallest window each way: every credit rule is needed. */
+	CHECK(rsetsockopt(s, SOL_RDMA, RDMA_RQSIZE, &val, sizeof val) == 0);
+	CHECK(rsetsockopt(s, SOL_RDMA, RDMA_SQSIZE, &val, sizeof val) == 0);
 	CHECK(rconnect(s, (struct sockaddr *) &sin, sizeof sin) == 0);
 	duplex(s);
 	CHECK(rclose(s) == 0);
@@ -229,7 +232,9 @@ int main(void)
 	CHECK(pthread_join(t, NULL) == 0);
 	CHECK(rrecv(s, msg, 1, 0) == -1 && errno == EBADF);
 
-	/* Two threads on each end of one connection. */
+	/* Two threads on each end of one connection, windows of 4 slots. */
+	val = 4;
+	CHECK(rsetsockopt(ls, SOL_RDMA, RDMA_RQSIZE, &val, sizeof val) == 0);
 	CHECK(pthread_create(&t, NULL, duplex_client, NULL) == 0);
 	s = raccept(ls, NULL, NULL);
 	CHECK(s >= 0);
