@@ -13,7 +13,7 @@ use crate::ibv::*;
 use crate::verbs::verbs;
 use core::ffi::{c_int, c_uint, c_void};
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const IBV_WR_RDMA_WRITE: c_int = 0;
@@ -30,9 +30,9 @@ const IBV_QPT_RC: c_int = 2;
 pub const SLOT_SIZE: usize = 32 * 1024;
 /// Send-queue entries kept for control messages (credits, FIN) beyond the send slots.
 const CTRL_SQ: u32 = 8;
-/// The longest one wait sleeps before looking again: another thread of the program may
-/// have taken the completion event this one waits for (it then polls the CQ for both, but
-/// cannot wake this one).
+/// The longest one wait sleeps before looking again. Threads blocked in calls on one socket
+/// wake each other (see [`Socket::run`]); this bounds what is left: a thread in `rpoll` and
+/// one in a blocking call on the same socket can take each other's completion event.
 pub const WAIT_SLICE_MS: c_int = 50;
 /// How long connection set-up steps that softverbs answers locally may take.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -117,6 +117,9 @@ pub struct Socket {
     /// The rsocket number the program holds.
     pub fd: c_int,
     inner: Mutex<Inner>,
+    /// Threads waiting in a call while another one sleeps in `poll(2)` for the socket wait
+    /// here; whoever sees something happen wakes them.
+    cv: Condvar,
 }
 
 /// What the socket's lock guards.
@@ -138,6 +141,8 @@ pub struct Inner {
     pub conn: Option<Box<Conn>>,
     /// `SHUT_RD`: reads return end of stream.
     pub shut_rd: bool,
+    /// A thread of a blocking call sleeps in `poll(2)` on the socket's channels.
+    poller: bool,
 }
 
 // SAFETY: the raw pointers are this socket's own CM and verbs objects, used under its lock.
@@ -444,11 +449,13 @@ impl Conn {
         }
     }
 
-    /// Polls the CQ dry, then sends the control messages that are due.
-    pub fn poll(&mut self) {
+    /// Polls the CQ dry, then sends the control messages that are due; whether anything
+    /// completed.
+    pub fn poll(&mut self) -> bool {
         if self.cq.is_null() {
-            return;
+            return false;
         }
+        let mut any = false;
         loop {
             let mut wc = [ibv_wc::default(); 16];
             // SAFETY: our CQ and room for 16 completions, as `ibv_poll_cq` inlines.
@@ -461,6 +468,7 @@ impl Conn {
             if n <= 0 {
                 break;
             }
+            any = true;
             for w in &wc[..n as usize] {
                 self.on_completion(w);
             }
@@ -469,6 +477,7 @@ impl Conn {
             }
         }
         self.send_ctrl();
+        any
     }
 
     fn on_completion(&mut self, w: &ibv_wc) {
@@ -755,7 +764,9 @@ impl Socket {
                 so_error: 0,
                 conn: None,
                 shut_rd: false,
+                poller: false,
             }),
+            cv: Condvar::new(),
         }
     }
 
@@ -767,6 +778,11 @@ impl Socket {
     /// Runs `f` until it gives an answer, waiting for completions and CM events between
     /// tries: `EAGAIN` at once if the socket (or the call, `dontwait`) is non-blocking,
     /// unless `always` (teardown waits whatever the mode), and `ETIMEDOUT` after `limit`.
+    ///
+    /// One waiting thread at a time sleeps in `poll(2)` on the channels (it takes the
+    /// completion events); the others wait on the socket's condition variable, woken by any
+    /// thread that sees a completion or CM event, or by the poller when it wakes. A sleep
+    /// lasts at most [`WAIT_SLICE_MS`] either way.
     pub fn run<T>(
         &self,
         dontwait: bool,
@@ -777,7 +793,9 @@ impl Socket {
         let end = limit.map(|l| Instant::now() + l);
         let mut g = self.lock();
         loop {
-            g.progress();
+            if g.progress() {
+                self.cv.notify_all();
+            }
             if let Some(r) = f(&mut g) {
                 return r;
             }
@@ -789,11 +807,6 @@ impl Socket {
                 std::thread::yield_now();
                 return Err(libc::EAGAIN);
             }
-            g.arm();
-            g.progress();
-            if let Some(r) = f(&mut g) {
-                return r;
-            }
             let mut ms = WAIT_SLICE_MS;
             if let Some(end) = end {
                 let left = end.saturating_duration_since(Instant::now());
@@ -802,27 +815,53 @@ impl Socket {
                 }
                 ms = ms.min(left.as_millis() as c_int + 1);
             }
+            if g.poller {
+                g = self
+                    .cv
+                    .wait_timeout(g, Duration::from_millis(ms as u64))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                continue;
+            }
+            g.arm();
+            if g.progress() {
+                self.cv.notify_all();
+            }
+            if let Some(r) = f(&mut g) {
+                return r;
+            }
             let mut fds = g.wait_fds();
+            g.poller = true;
             drop(g);
             // SAFETY: poll on our own descriptors, in a live array.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
             g = self.lock();
+            g.poller = false;
             if let Some(c) = &g.conn {
                 c.drain_events();
             }
+            self.cv.notify_all();
         }
+    }
+
+    /// Wakes every thread waiting in a call on the socket (it is being closed).
+    pub fn wake_all(&self) {
+        self.cv.notify_all();
     }
 }
 
 impl Inner {
-    /// Polls the CQ and takes the CM events of a connecting or connected socket.
-    pub fn progress(&mut self) {
+    /// Polls the CQ and takes the CM events of a connecting or connected socket; whether
+    /// anything happened.
+    pub fn progress(&mut self) -> bool {
+        let mut any = false;
         if matches!(self.st, St::Connecting | St::Connected) {
-            self.cm_events();
+            any |= self.cm_events();
         }
         if let Some(c) = &mut self.conn {
-            c.poll();
+            any |= c.poll();
         }
+        any
     }
 
     /// Arms what a wait sleeps on.
@@ -853,17 +892,18 @@ impl Inner {
         v
     }
 
-    fn cm_events(&mut self) {
+    fn cm_events(&mut self) -> bool {
         if self.channel.is_null() {
-            return;
+            return false;
         }
         // SAFETY: every socket's channel is one of ours (`sv_rdma_create_event_channel`
         // hands out a `Channel`, whose C struct comes first).
         let ch = unsafe { &*(self.channel as *const crate::channel::Channel) };
         // Most calls find no event: look at the queue before paying for a read(2).
         if ch.pending() == 0 {
-            return;
+            return false;
         }
+        let mut any = false;
         loop {
             let mut ev = std::ptr::null_mut();
             // SAFETY: our channel (non-blocking) and a writable out-pointer.
@@ -888,7 +928,9 @@ impl Inner {
             // SAFETY: the event taken above, acked once.
             unsafe { crate::channel::sv_rdma_ack_cm_event(ev) };
             self.on_cm_event(kind, status, &data);
+            any = true;
         }
+        any
     }
 
     fn on_cm_event(&mut self, kind: c_int, status: c_int, data: &[u8]) {

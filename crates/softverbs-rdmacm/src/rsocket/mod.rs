@@ -501,6 +501,7 @@ pub extern "C" fn sv_rclose(socket: c_int) -> c_int {
         // SAFETY: the socket's channel, its id destroyed; this closes the socket's number.
         unsafe { crate::channel::sv_rdma_destroy_event_channel(g.channel) };
         g.channel = std::ptr::null_mut();
+        s.wake_all();
         Ok(0)
     })())
 }

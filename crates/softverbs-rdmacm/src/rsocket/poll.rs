@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 /// What an rsocket reports for `events` now.
 fn revents(s: &Socket, events: i16) -> i16 {
     let mut g = s.lock();
-    g.progress();
+    if g.progress() {
+        // A thread blocked in a call on this socket may wait for what was just polled.
+        s.wake_all();
+    }
     let always = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
     let r = match g.st {
         St::Listen if !g.channel.is_null() => {
