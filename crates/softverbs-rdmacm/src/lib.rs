@@ -10,6 +10,8 @@
 //! - [`device`] maps IP addresses to devices by their GID tables, [`cm`] holds every id and
 //!   runs the IBTA CM protocol ([`mad`]) through the sockets of [`wire`], and [`api`] and
 //!   [`channel`] are the exported calls.
+//! - [`rsocket`] is the rsocket API (`<rdma/rsocket.h>`): stream sockets over RC
+//!   connections of this CM.
 //!
 //! Every `unsafe` block dereferences pointers that the C caller passed and the API requires
 //! to be valid, or calls libibverbs or libc; each says which in its `// SAFETY:` line.
@@ -25,6 +27,7 @@ pub mod device;
 #[path = "../../softverbs-ibverbs/src/abi.rs"]
 pub mod ibv;
 pub mod mad;
+pub mod rsocket;
 pub mod verbs;
 pub mod wire;
 

@@ -35,6 +35,13 @@ pub struct Verbs {
     pub destroy_srq: unsafe extern "C" fn(*mut ibv_srq) -> c_int,
     /// softverbs' own `softverbs_inplace_exclusive` (`None` under another libibverbs).
     pub inplace_exclusive: Option<InplaceExclusive>,
+    /// For rsockets: their buffers and iomapped windows.
+    pub reg_mr: unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr,
+    pub dereg_mr: unsafe extern "C" fn(*mut ibv_mr) -> c_int,
+    /// For rsockets: waking on completions.
+    pub get_cq_event:
+        unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
+    pub ack_cq_events: unsafe extern "C" fn(*mut ibv_cq, core::ffi::c_uint),
 }
 
 /// `softverbs_inplace_exclusive(cb, arg)` of the drop-in libibverbs.
@@ -114,6 +121,10 @@ fn load() -> Option<Verbs> {
         modify_qp: sym!("ibv_modify_qp"),
         create_srq: sym!("ibv_create_srq"),
         destroy_srq: sym!("ibv_destroy_srq"),
+        reg_mr: sym!("ibv_reg_mr"),
+        dereg_mr: sym!("ibv_dereg_mr"),
+        get_cq_event: sym!("ibv_get_cq_event"),
+        ack_cq_events: sym!("ibv_ack_cq_events"),
         inplace_exclusive: {
             // SAFETY: as above; absent from another libibverbs, which is fine.
             let p = unsafe { libc::dlsym(h, c"softverbs_inplace_exclusive".as_ptr()) };
