@@ -1,9 +1,10 @@
 //! Event channels: `rdma_create_event_channel`, `rdma_get_cm_event`, `rdma_ack_cm_event`.
 //!
-//! A channel's `fd` is the read end of a pipe that holds one byte per queued event, so it
+//! A channel's `fd` is an eventfd in semaphore mode that counts the queued events, so it
 //! polls readable exactly while an event waits, blocks `rdma_get_cm_event` when the program
 //! left it blocking, and answers EAGAIN when the program set `O_NONBLOCK`, as the kernel's
-//! `rdma_cm` file does.
+//! `rdma_cm` file does; and a thread still waiting in `rdma_get_cm_event` when the channel is
+//! destroyed goes on waiting (as on the kernel's file) rather than waking to an error.
 
 use crate::abi::*;
 use crate::set_errno;
@@ -15,7 +16,6 @@ use std::sync::Mutex;
 #[repr(C)]
 pub struct Channel {
     pub c: rdma_event_channel,
-    write_fd: c_int,
     queue: Mutex<VecDeque<Box<Event>>>,
 }
 
@@ -77,14 +77,13 @@ impl Event {
 
 impl Channel {
     pub fn new() -> Option<Box<Channel>> {
-        let mut fds = [0 as c_int; 2];
-        // SAFETY: pipe2 fills the two-element array.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        // SAFETY: eventfd has no memory arguments.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
             return None;
         }
         Some(Box::new(Channel {
-            c: rdma_event_channel { fd: fds[0] },
-            write_fd: fds[1],
+            c: rdma_event_channel { fd },
             queue: Mutex::new(VecDeque::new()),
         }))
     }
@@ -95,20 +94,20 @@ impl Channel {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push_back(e);
-        let b = 1u8;
-        // SAFETY: a one-byte write from a live buffer to our pipe's write end. A full pipe
-        // (64 KiB of unread events) would block here; a program that far behind is stuck.
-        let _ = unsafe { libc::write(self.write_fd, (&b as *const u8).cast(), 1) };
+        let one = 1u64;
+        // SAFETY: an 8-byte write from a live buffer to our eventfd.
+        let _ = unsafe { libc::write(self.c.fd, (&one as *const u64).cast(), 8) };
     }
 
     /// Waits (if the fd is blocking) for the next event and takes it; errno on failure.
     pub fn pop(&self) -> Option<Box<Event>> {
-        let mut b = 0u8;
+        let mut count = 0u64;
         loop {
-            // SAFETY: a one-byte read into a live buffer from our pipe's read end.
-            let n = unsafe { libc::read(self.c.fd, (&mut b as *mut u8).cast(), 1) };
-            if n == 1 {
-                // The byte of an event that `forget` dropped finds no event: wait for the
+            // SAFETY: an 8-byte read into a live buffer from our eventfd (semaphore mode:
+            // it takes one).
+            let n = unsafe { libc::read(self.c.fd, (&mut count as *mut u64).cast(), 8) };
+            if n == 8 {
+                // The count of an event that `forget` dropped finds no event: wait for the
                 // next one.
                 if let Some(e) = self
                     .queue
@@ -132,7 +131,7 @@ impl Channel {
     }
 
     /// Drops the queued events of `id` (it is being destroyed; the kernel's CM discards
-    /// what the program has not read). Their bytes stay in the pipe and `pop` skips them.
+    /// what the program has not read). Their counts stay in the eventfd and `pop` skips them.
     pub fn forget(&self, id: *mut rdma_cm_id) {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         q.retain(|e| e.ev.id != id && e.ev.listen_id != id);
@@ -146,12 +145,8 @@ impl Channel {
 
 impl Drop for Channel {
     fn drop(&mut self) {
-        // Only the read end: a thread of the program may still sit in `rdma_get_cm_event`
-        // (rping's CM thread does while `main` tears down), and on the kernel's rdma_cm file
-        // it would go on waiting; closing the write end would wake it with EOF instead, and
-        // rping turns that error into its exit status. The write end is left open for the
-        // life of the process: one descriptor per destroyed channel.
-        // SAFETY: our read end, closed once.
+        // SAFETY: our eventfd, closed once. A thread of the program still reading it (rping's
+        // CM thread is while `main` tears down) keeps waiting on the file, as on the kernel's.
         unsafe { libc::close(self.c.fd) };
     }
 }
