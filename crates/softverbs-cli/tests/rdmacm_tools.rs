@@ -3,7 +3,8 @@
 //!
 //! - rdmacm-utils: `rping`, `ucmatose` (four connections), `udaddy` (UD, SIDR),
 //!   `rdma_server`/`rdma_client` (synchronous ids, `rdma_create_ep`), `cmtime`;
-//! - perftest with `-R`: `ib_send_lat`, `ib_write_bw`, `ib_read_lat`;
+//! - perftest with `-R`: `ib_send_lat`, `ib_write_bw`, `ib_read_lat`; qperf's RC tests
+//!   with `-cm1`;
 //! - libfabric's verbs provider: `fi_info` lists MSG endpoints, `fi_pingpong` over `msg`
 //!   and over `verbs;ofi_rxm` `rdm`;
 //! - `tests/c/cm_events.c`, for what goes wrong: a reject with private data, a connect to
@@ -333,6 +334,34 @@ fn perftest_r(s: On<'_>, c: On<'_>) {
     }
 }
 
+// ---- qperf -cm1 ----------------------------------------------------------------------------
+
+/// qperf's RC tests with its connections made by the CM (`-cm1`; qperf's `ud_lat` ignores
+/// `-cm1` and addresses without a GRH, which a RoCE port refuses: qperf's, not ours). Each
+/// figure parsed and positive.
+fn qperf_cm(s: On<'_>, c: On<'_>) {
+    let addr = s.addr();
+    let tests = ["rc_lat", "rc_bw", "rc_rdma_write_lat", "rc_rdma_read_bw"];
+    let mut client = vec!["qperf", "-cm1", &addr, "-t", "1"];
+    client.extend(tests);
+    let out = pair_with(s, &["qperf"], 19765, c, &client, Duration::ZERO);
+    assert!(out[1].status.success(), "{}", both(&out));
+    let t = text(&out[1]);
+    for test in tests {
+        let value = t
+            .split(&format!("{test}:"))
+            .nth(1)
+            .and_then(|rest| rest.split('=').nth(1))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok());
+        assert!(
+            value.is_some_and(|v| v > 0.0),
+            "qperf -cm1 {test}: {value:?}\n{}",
+            both(&out)
+        );
+    }
+}
+
 // ---- cm_events.c ---------------------------------------------------------------------------
 
 /// The `cm_events` program, compiled once against the system's librdmacm headers.
@@ -604,6 +633,18 @@ fn perftest_over_the_cm_on_one_host_and_between_hosts() {
     perftest_r(On::Here, On::Here);
     let Some(net) = hosts(test) else { return };
     perftest_r(On::Host(net.a()), On::Host(net.b()));
+}
+
+#[test]
+fn qperf_over_the_cm_on_one_host_and_between_hosts() {
+    let test = "qperf_over_the_cm_on_one_host_and_between_hosts";
+    if !have_tools(test, &["qperf"]) {
+        return;
+    }
+    let _t = turn();
+    qperf_cm(On::Here, On::Here);
+    let Some(net) = hosts(test) else { return };
+    qperf_cm(On::Host(net.a()), On::Host(net.b()));
 }
 
 #[test]

@@ -35,6 +35,7 @@ use rustix::net::{
     AddressFamily, SendFlags, SocketAddrUnix, SocketFlags, SocketType, bind, sendto, socket_with,
 };
 use softverbs_roce::wire::{Bth, Datagram, Deth, Headers, IpRepr, Opcode, Psn, emit_datagram};
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -454,7 +455,17 @@ pub(crate) struct Gsi {
     leases: Leases,
     /// When the holders of leases are looked at next (while there are leases).
     next_check: Instant,
+    /// MADs from the network whose receiver's queue was full (a unix datagram queue holds
+    /// only `net.unix.max_dgram_qlen`, 10, and a burst of connects brings more), in order,
+    /// with when they came; sent again each turn, for at most [`HOLD_FOR`].
+    held: VecDeque<(Route, Envelope, Instant)>,
 }
+
+/// How long a MAD waits for room at its receiver before it is dropped (the CM's own retry,
+/// about a second later, then covers it).
+const HOLD_FOR: Duration = Duration::from_millis(500);
+/// How many MADs wait at most.
+const HOLD_MAX: usize = 1024;
 
 impl Gsi {
     /// Binds the engine's CM socket for primary address `ip`.
@@ -485,7 +496,29 @@ impl Gsi {
             psn: 0,
             leases: Leases::default(),
             next_check: Instant::now(),
+            held: VecDeque::new(),
         }
+    }
+
+    /// True while MADs wait for room at their receivers: the engine looks again soon.
+    pub(crate) fn holding(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Sends again what waited for room; true if any left.
+    pub(crate) fn retry_held(&mut self) -> bool {
+        while let Some((to, env, since)) = self.held.front() {
+            match self.deliver(*to, env) {
+                Err(rustix::io::Errno::AGAIN) if since.elapsed() < HOLD_FOR => return true,
+                Ok(()) => self.counts.delivered += 1,
+                Err(_) => {
+                    self.counts.no_receiver += 1;
+                    self.counts.dropped += 1;
+                }
+            }
+            self.held.pop_front();
+        }
+        false
     }
 
     /// The socket, for the engine's poll set.
@@ -652,7 +685,12 @@ impl Gsi {
             src_qpn: d.headers.deth.map_or(GSI_QPN, |x| x.src_qp),
             mad: *mad,
         };
-        match self.deliver(to, &env) {
+        let sent = if self.held.is_empty() {
+            self.deliver(to, &env)
+        } else {
+            Err(rustix::io::Errno::AGAIN)
+        };
+        match sent {
             Ok(()) => self.counts.delivered += 1,
             // Nobody bound there: a host's CM answers a REQ or SIDR_REQ for a service it
             // does not have.
@@ -668,8 +706,11 @@ impl Gsi {
                     out.push((from, d));
                 }
             }
-            // Nobody bound (another message), or a receiver whose queue is full: the CM
-            // retries on its own.
+            // A receiver whose queue is full: held, in order, and sent again.
+            Err(rustix::io::Errno::AGAIN) if self.held.len() < HOLD_MAX => {
+                self.held.push_back((to, env, Instant::now()));
+            }
+            // Nobody bound (another message), or too much held: the CM retries on its own.
             Err(_) => {
                 self.counts.no_receiver += 1;
                 self.counts.dropped += 1;
@@ -974,6 +1015,34 @@ mod tests {
     /// The engine's socket logic end to end on one host, without the network: envelopes in,
     /// datagrams out, datagrams in, envelopes or answers out. Names are unique to this test
     /// process so parallel runs do not meet.
+    #[test]
+    fn a_burst_for_a_busy_listener_is_held_and_delivered_in_order() {
+        let pid = std::process::id();
+        let me: IpAddr = Ipv4Addr::new(127, 180 + (pid % 50) as u8, (pid >> 8) as u8, 2).into();
+        let peer: IpAddr = "10.9.9.8".parse().unwrap();
+        let mut g = Gsi::bind(me).expect("bind the engine's CM socket");
+        let sid = 0x0106_0000_0000_0000 | u64::from(pid) | 1 << 40;
+        let listener = dgram_bound(&service_name(sid));
+        // More REQs than a unix datagram queue holds, as a burst of connects brings.
+        let reqs: Vec<[u8; MAD_LEN]> = (0..40).map(|k| req(0x1000 + k, sid)).collect();
+        let mut out = Vec::new();
+        for (k, r) in reqs.iter().enumerate() {
+            g.incoming(&gsi_datagram(peer, me, k as u32, r).unwrap(), &mut out);
+        }
+        assert!(g.holding(), "the queue filled and the rest is held");
+        assert_eq!(g.counts.no_receiver, 0, "nothing dropped");
+        let mut got = Vec::new();
+        while got.len() < reqs.len() {
+            while let Some(e) = recv_envelope(&listener) {
+                got.push(e.mad);
+            }
+            g.retry_held();
+        }
+        assert_eq!(got, reqs, "every REQ, in order");
+        assert!(!g.holding());
+        assert_eq!(g.counts.delivered, 40);
+    }
+
     #[test]
     fn envelopes_and_packets_are_routed_answered_and_counted() {
         let pid = std::process::id();

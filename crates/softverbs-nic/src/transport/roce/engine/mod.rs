@@ -496,6 +496,7 @@ impl Engine {
                 self.cm_check_leases(None);
             }
             busy |= self.receive();
+            busy |= self.gsi.retry_held();
             busy |= self.take_wqes();
             let now = self.now();
             if self.ep.poll_timeout().is_some_and(|t| t <= now) {
@@ -548,6 +549,12 @@ impl Engine {
         let wait = match self.gsi.lease_check_at() {
             Some(t) => wait.min(t.saturating_duration_since(Instant::now())),
             None => wait,
+        };
+        // MADs waiting for room at a busy receiver: look again in a millisecond.
+        let wait = if self.gsi.holding() {
+            wait.min(Duration::from_millis(1))
+        } else {
+            wait
         };
         let bell = self.bell.fd();
         let mut fds = vec![
