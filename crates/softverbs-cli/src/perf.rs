@@ -568,9 +568,6 @@ pub(crate) struct Route {
     pub(crate) gid: Gid,
 }
 
-/// One side of an RDMA test: an RC QP with its own send and receive CQs, and one memory
-/// region that peers may write.
-
 /// True if the writer of `perf --net`'s bandwidth test sleeps on a completion channel: the
 /// engines move the bytes there, and on a small machine a writer spinning on its CQ takes
 /// their CPU (64 KiB on 2 cores: 0.18 GB/s spinning, 0.34 sleeping).
@@ -587,6 +584,8 @@ enum Waits {
     Sleep,
 }
 
+/// One side of an RDMA test: an RC QP with its own send and receive CQs, and one memory
+/// region that peers may write.
 struct Side {
     // Dropped in this order: QP, memory, CQs, PD, context.
     qp: QueuePair,

@@ -50,6 +50,11 @@ pub(crate) fn print_report<R: Serialize>(
     crate::write_stdout(&text)
 }
 
+/// CPUs this process may run on.
+pub(crate) fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,9 +79,4 @@ mod tests {
         let big = count_arg("--n", Some(101u64), false, (10, 2), 100).unwrap_err();
         assert_eq!(big.to_string(), "--n 101: too many");
     }
-}
-
-/// CPUs this process may run on.
-pub(crate) fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
