@@ -342,9 +342,17 @@ fn perftest_r(s: On<'_>, c: On<'_>) {
 fn qperf_cm(s: On<'_>, c: On<'_>) {
     let addr = s.addr();
     let tests = ["rc_lat", "rc_bw", "rc_rdma_write_lat", "rc_rdma_read_bw"];
-    let mut client = vec!["qperf", "-cm1", &addr, "-t", "1"];
+    // A listen port of its own: another test's qperf server may still be leaving.
+    let mut client = vec!["qperf", "-lp", "19800", "-cm1", &addr, "-t", "1"];
     client.extend(tests);
-    let out = pair_with(s, &["qperf"], 19765, c, &client, Duration::ZERO);
+    let out = pair_with(
+        s,
+        &["qperf", "-lp", "19800"],
+        19800,
+        c,
+        &client,
+        Duration::ZERO,
+    );
     assert!(out[1].status.success(), "{}", both(&out));
     let t = text(&out[1]);
     for test in tests {

@@ -46,6 +46,19 @@ impl Cm {
             let (mad, dest) = (p.mad, p.dest);
             self.send(i, dest, &mad);
         }
+        // Requests whose port never came to listen: answered as for no listener.
+        if !self.early.is_empty() {
+            let (late, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.early)
+                .into_iter()
+                .partition(|(_, _, since)| now.duration_since(*since) >= EARLY_HOLD);
+            self.early = waiting;
+            for (_, env, _) in late {
+                self.handle(None, env);
+            }
+            if !self.early.is_empty() {
+                next = next.min(Duration::from_millis(10));
+            }
+        }
         if now.duration_since(self.last_peer_check) >= PEER_CHECK {
             self.last_peer_check = now;
             self.check_local_peers();

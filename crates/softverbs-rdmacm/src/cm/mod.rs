@@ -205,7 +205,15 @@ pub struct Cm {
     last_peer_check: Instant,
     /// Envelopes whose receiver was busy, in order, with their socket names.
     outbox: std::collections::VecDeque<(String, Vec<u8>)>,
+    /// Requests that came to a port bound but not yet listening, with when they came: kept
+    /// for [`EARLY_HOLD`] for the `rdma_listen` that usually follows at once. Programs that
+    /// send their port to the peer before listening (Debian's qperf 0.4.11 does; qperf fixed
+    /// it later) race their own listen, a race the kernel's fast path almost always wins.
+    early: Vec<(u32, Envelope, Instant)>,
 }
+
+/// How long a request waits for its port's `rdma_listen`.
+const EARLY_HOLD: Duration = Duration::from_millis(200);
 
 mod agent;
 mod connection;
@@ -238,6 +246,7 @@ fn start() -> Option<Mutex<Cm>> {
         wake: (fds[0], fds[1]),
         last_peer_check: Instant::now(),
         outbox: std::collections::VecDeque::new(),
+        early: Vec::new(),
     };
     std::thread::Builder::new()
         .name("rdmacm-agent".into())
@@ -569,6 +578,14 @@ impl Cm {
                     self.keep_engine(d);
                 }
             }
+        }
+        // The requests that came before the listen.
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.early)
+            .into_iter()
+            .partition(|(l, _, _)| *l == i);
+        self.early = others;
+        for (l, env, _) in mine {
+            self.handle(Some(l), env);
         }
         self.wake_agent();
         Ok(())

@@ -10,6 +10,19 @@ impl Cm {
             return;
         }
         let Ok(m) = Mad::parse(&env.mad) else { return };
+        let early = matches!(m.msg, Msg::Req(_) | Msg::SidrReq(_))
+            && listener.is_some_and(|l| {
+                self.conns
+                    .get(&l)
+                    .is_some_and(|c| c.state == State::AddrBound)
+            });
+        if let (true, Some(l)) = (early, listener) {
+            // Not listening yet: it may be about to (see `Cm::early`).
+            if self.early.len() < 1024 {
+                self.early.push((l, env, Instant::now()));
+                return;
+            }
+        }
         match m.msg {
             Msg::Req(r) => self.on_req(listener, &env, m.tid, r),
             Msg::SidrReq(r) => self.on_sidr_req(listener, &env, m.tid, r),
