@@ -23,14 +23,9 @@ impl QpNumbers {
     pub(super) fn new(max_qp: u32) -> QpNumbers {
         let bits = (max_qp + 2).next_power_of_two().trailing_zeros();
         let slots = 1usize << bits;
-        // Every process of the host allocates from the same indices in the same order; a
-        // generation start of its own keeps their numbers apart, so that a process does not
-        // walk through every number another has taken (more than 64 in a row failed QP
-        // creation: a server of 100 connections after a client of 100 QPs).
-        let start = crate::random::random_u64() as u32 & ((1 << (24 - bits)) - 1);
         QpNumbers {
             free: (2..slots as u32).rev().collect(),
-            generation: vec![start; slots],
+            generation: vec![0; slots],
             bits,
         }
     }
@@ -42,6 +37,14 @@ impl QpNumbers {
 }
 
 impl Device {
+    /// How many QP numbers (indices) the device has.
+    pub(crate) fn qpn_slots(&self) -> usize {
+        self.qp_index
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .slots()
+    }
+
     pub(crate) fn alloc_qpn(&self) -> Result<u32> {
         let mut n = self.qp_index.lock().unwrap_or_else(|e| e.into_inner());
         let index = n

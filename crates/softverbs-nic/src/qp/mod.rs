@@ -572,7 +572,10 @@ fn publish_qpn(dev: &Arc<Device>, ctx: &Segment) -> Result<(u32, Option<Listing>
             // Without abstract sockets (unusual sandboxes) the QP still works in-process.
             Err(_) => break Ok((qpn, None)),
         }
-        if taken.len() > 64 {
+        // Every process of the host allocates the same indices in the same order, so a
+        // process may meet as many taken numbers as other processes hold QPs (a server of
+        // 100 connections after a client of 100 QPs): try every free index before giving up.
+        if taken.len() >= dev.qpn_slots() {
             break Err(Error::NoResources("no free QP number on this host".into()));
         }
     };
