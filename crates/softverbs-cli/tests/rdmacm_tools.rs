@@ -312,13 +312,19 @@ fn cmtime(s: On<'_>, c: On<'_>) {
 
 fn perftest_r(s: On<'_>, c: On<'_>) {
     let addr = s.addr();
-    for tool in ["ib_send_lat", "ib_write_bw", "ib_read_lat"] {
+    // A port each: a server that has just ended may still hold the last one.
+    for (tool, port) in [
+        ("ib_send_lat", 7483),
+        ("ib_write_bw", 7490),
+        ("ib_read_lat", 7491),
+    ] {
+        let p = port.to_string();
         let out = pair(
             s,
-            &[tool, "-R", "-n", "200", "-p", "7483"],
-            7483,
+            &[tool, "-R", "-n", "200", "-p", &p],
+            port,
             c,
-            &[tool, "-R", "-n", "200", "-p", "7483", &addr],
+            &[tool, "-R", "-n", "200", "-p", &p, &addr],
         );
         assert_ok(&out);
         // The result line: message size, then the iteration count.
