@@ -116,6 +116,21 @@ pub struct rdma_conn_param {
     pub qp_num: u32,
 }
 
+impl rdma_conn_param {
+    /// No parameters and no private data, as events that carry none report them.
+    pub const NONE: rdma_conn_param = rdma_conn_param {
+        private_data: std::ptr::null(),
+        private_data_len: 0,
+        responder_resources: 0,
+        initiator_depth: 0,
+        flow_control: 0,
+        retry_count: 0,
+        rnr_retry_count: 0,
+        srq: 0,
+        qp_num: 0,
+    };
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct rdma_ud_param {

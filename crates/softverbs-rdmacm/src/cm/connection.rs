@@ -157,17 +157,7 @@ impl Cm {
         } else {
             c.state = State::Rejected;
             self.qp_to_err(i);
-            let conn = rdma_conn_param {
-                private_data: std::ptr::null(),
-                private_data_len: 0,
-                responder_resources: 0,
-                initiator_depth: 0,
-                flow_control: 0,
-                retry_count: 0,
-                rnr_retry_count: 0,
-                srq: 0,
-                qp_num: 0,
-            };
+            let conn = rdma_conn_param::NONE;
             let e = Event::new(
                 id.cast(),
                 RDMA_CM_EVENT_REJECTED,

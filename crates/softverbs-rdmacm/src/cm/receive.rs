@@ -361,17 +361,7 @@ impl Cm {
         c.state = State::Rejected;
         let id = c.id;
         self.qp_to_err(i);
-        let conn = rdma_conn_param {
-            private_data: std::ptr::null(),
-            private_data_len: 0,
-            responder_resources: 0,
-            initiator_depth: 0,
-            flow_control: 0,
-            retry_count: 0,
-            rnr_retry_count: 0,
-            srq: 0,
-            qp_num: 0,
-        };
+        let conn = rdma_conn_param::NONE;
         let e = Event::new(id.cast(), RDMA_CM_EVENT_REJECTED, i32::from(r.reason))
             .with_conn(conn, &r.private_data);
         self.post(i, e);
