@@ -11,7 +11,9 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{find_in_path, have_tools, show};
+use support::{
+    find_in_path, free_port, have_tools, kill_and_collect as kill, listening, show, wait,
+};
 
 fn softverbs_run(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_softverbs"));
@@ -89,50 +91,6 @@ fn ibv_devices_follows_softverbs_devices() {
     let t = show(&o);
     assert!(o.status.success(), "{t}");
     assert!(t.contains("first") && t.contains("second"), "{t}");
-}
-
-/// A TCP port nothing listens on now.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-/// True once some socket listens on `port` (IPv4 or IPv6), read from /proc so that the
-/// server's single accept is not used up by a probe.
-fn listening(port: u16) -> bool {
-    let hex = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&hex) && cols[3] == "0A"
-            })
-        })
-    })
-}
-
-/// Waits for `child` up to `limit`: its output once it exits, or the child still running.
-fn wait(mut child: Child, limit: Duration) -> Result<Output, Child> {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if child.try_wait().expect("try_wait").is_some() {
-            return Ok(child.wait_with_output().expect("output"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(child)
-}
-
-/// Kills `child` and what it started, and collects its output.
-fn kill(mut child: Child) -> Output {
-    // The tool runs under `softverbs run` in the child's own process group (see `pair`):
-    // kill the group, or the tool would live on holding the output pipes, and reading them
-    // would never end.
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
-    let _ = child.kill();
-    child.wait_with_output().expect("output")
 }
 
 /// The processes of process group `pgid`.

@@ -10,9 +10,9 @@
 mod support;
 
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{have_tools, show};
+use support::{free_port, have_tools, kill_and_collect as kill, show, wait};
 
 /// One pair at a time: two busy-polling processes per pair already fill a small machine.
 fn exclusive() -> std::sync::MutexGuard<'static, ()> {
@@ -28,32 +28,6 @@ fn softverbs_run(args: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
-}
-
-/// A port number for the pair (the CM's ports are its own, but a free TCP port is as good
-/// a choice as any, and `-T s` runs use TCP).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-fn wait(mut child: Child, limit: Duration) -> Result<Output, Child> {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if child.try_wait().expect("try_wait").is_some() {
-            return Ok(child.wait_with_output().expect("output"));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Err(child)
-}
-
-fn kill(mut child: Child) -> Output {
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
-    let _ = child.kill();
-    child.wait_with_output().expect("output")
 }
 
 /// A row of the tools' table: `name bytes xfers iters total time Gb/sec usec/xfer`.

@@ -205,7 +205,13 @@ fn get32(d: &[u8], o: usize) -> u32 {
     u32::from_be_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]])
 }
 fn get64(d: &[u8], o: usize) -> u64 {
-    u64::from_be_bytes(d[o..o + 8].try_into().expect("8 bytes"))
+    u64::from_be_bytes(arr(d, o))
+}
+/// The `N` bytes at `o` (callers stay inside the length-checked MAD).
+fn arr<const N: usize>(d: &[u8], o: usize) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&d[o..o + N]);
+    a
 }
 fn put16(d: &mut [u8], o: usize, v: u16) {
     d[o..o + 2].copy_from_slice(&v.to_be_bytes());
@@ -378,8 +384,8 @@ impl Mad {
                 max_cm_retries: d[51] >> 4,
                 srq: d[51] & 8 != 0,
                 primary: Path {
-                    local_gid: d[56..72].try_into().expect("16 bytes"),
-                    remote_gid: d[72..88].try_into().expect("16 bytes"),
+                    local_gid: arr(d, 56),
+                    remote_gid: arr(d, 72),
                     flow_label: get32(d, 88) >> 12,
                     packet_rate: d[91] & 0x3f,
                     traffic_class: d[92],

@@ -123,3 +123,27 @@ pub fn finish(mut children: Vec<(&str, Child)>, limit: Duration) -> Vec<Output> 
         })
         .collect()
 }
+
+/// Waits for `child` up to `limit`: its output once it exits, or the child still running.
+pub fn wait(mut child: Child, limit: Duration) -> Result<Output, Child> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if child.try_wait().expect("try_wait").is_some() {
+            return Ok(child.wait_with_output().expect("output"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(child)
+}
+
+/// Kills `child` and what it started (see [`kill`]), and collects its output.
+pub fn kill_and_collect(mut child: Child) -> Output {
+    // The tool runs under `softverbs run` in the child's own process group (see `pair`):
+    // kill the group, or the tool would live on holding the output pipes, and reading them
+    // would never end.
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+    let _ = child.kill();
+    child.wait_with_output().expect("output")
+}

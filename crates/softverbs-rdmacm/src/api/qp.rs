@@ -26,6 +26,19 @@ fn device_pd(ctx: *mut ibv_context) -> Result<*mut ibv_pd, c_int> {
     Ok(*pd as *mut ibv_pd)
 }
 
+/// The PD for an object on `cid`'s device: `pd`, or the device's own when the program
+/// passes none; EINVAL while the id has no device yet.
+fn pd_for(cid: &rdma_cm_id, pd: *mut ibv_pd) -> Result<*mut ibv_pd, c_int> {
+    if cid.verbs.is_null() {
+        return Err(libc::EINVAL);
+    }
+    if pd.is_null() {
+        device_pd(cid.verbs)
+    } else {
+        Ok(pd)
+    }
+}
+
 /// `rdma_create_qp`: a QP on the id's device (with CQs and completion channels of its own
 /// when `qp_init_attr` names none), moved to INIT, or to RTS for UD, as librdmacm does.
 ///
@@ -45,17 +58,10 @@ pub unsafe extern "C" fn sv_rdma_create_qp(
         let v = verbs().ok_or(libc::ENOSYS)?;
         // SAFETY: the id is live (in the table).
         let cid = unsafe { &mut (*cm.conns[&i].id).c };
-        if cid.verbs.is_null() {
-            return Err(libc::EINVAL);
-        }
         if !cid.qp.is_null() {
             return Err(libc::EEXIST);
         }
-        let pd = if pd.is_null() {
-            device_pd(cid.verbs)?
-        } else {
-            pd
-        };
+        let pd = pd_for(cid, pd)?;
         // SAFETY: the caller's contract.
         let attr = unsafe { &mut *qp_init_attr };
         let mut made = Vec::new();
@@ -247,14 +253,7 @@ pub unsafe extern "C" fn sv_rdma_create_srq(
         let v = verbs().ok_or(libc::ENOSYS)?;
         // SAFETY: the id is live.
         let cid = unsafe { &mut (*cm.conns[&i].id).c };
-        if cid.verbs.is_null() {
-            return Err(libc::EINVAL);
-        }
-        let pd = if pd.is_null() {
-            device_pd(cid.verbs)?
-        } else {
-            pd
-        };
+        let pd = pd_for(cid, pd)?;
         // SAFETY: the program's attributes and a PD of the device.
         let srq = unsafe { (v.create_srq)(pd, attr) };
         if srq.is_null() {

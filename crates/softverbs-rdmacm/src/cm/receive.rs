@@ -148,7 +148,9 @@ impl Cm {
             self.reject_req(env, tid, &r, mad::reason::CONSUMER);
             return;
         };
-        let c = self.conns.get_mut(&i).expect("just made");
+        let Some(c) = self.conns.get_mut(&i) else {
+            return;
+        };
         c.remote_comm_id = r.local_comm_id;
         c.remote_qpn = r.local_qpn;
         c.remote_psn = r.starting_psn;
@@ -240,7 +242,9 @@ impl Cm {
             refuse(self, 2);
             return;
         };
-        let c = self.conns.get_mut(&i).expect("just made");
+        let Some(c) = self.conns.get_mut(&i) else {
+            return;
+        };
         c.remote_comm_id = r.request_id;
         c.tid = tid;
         c.state = State::SidrReqRcvd;
@@ -277,7 +281,9 @@ impl Cm {
             }
             _ => return,
         }
-        let c = self.conns.get_mut(&i).expect("found");
+        let Some(c) = self.conns.get_mut(&i) else {
+            return;
+        };
         c.pending = None;
         c.remote_comm_id = r.local_comm_id;
         c.remote_qpn = r.local_qpn;
@@ -308,7 +314,9 @@ impl Cm {
         match self.modify_qp(i, &[IBV_QPS_RTR, IBV_QPS_RTS]) {
             Ok(()) => {
                 self.send_rtu(i);
-                self.conns.get_mut(&i).expect("found").state = State::Established;
+                if let Some(c) = self.conns.get_mut(&i) {
+                    c.state = State::Established;
+                }
                 self.lease(i);
                 let e = Event::new(id.cast(), RDMA_CM_EVENT_ESTABLISHED, 0)
                     .with_conn(conn, &r.private_data);
@@ -329,7 +337,9 @@ impl Cm {
                 }
                 .emit();
                 self.send(i, Dest::Agent(r.local_comm_id >> 12), &m);
-                self.conns.get_mut(&i).expect("found").state = State::Rejected;
+                if let Some(c) = self.conns.get_mut(&i) {
+                    c.state = State::Rejected;
+                }
                 self.post(
                     i,
                     Event::new(id.cast(), RDMA_CM_EVENT_CONNECT_ERROR, -errno),
@@ -353,7 +363,9 @@ impl Cm {
         let Some(i) = self.by_comm_id(r.remote_comm_id) else {
             return;
         };
-        let c = self.conns.get_mut(&i).expect("found");
+        let Some(c) = self.conns.get_mut(&i) else {
+            return;
+        };
         if !matches!(c.state, State::ReqSent | State::RepSent | State::RepRcvd) {
             return;
         }
@@ -389,7 +401,9 @@ impl Cm {
         self.unlease(i);
         match self.conns[&i].state {
             State::Established | State::RepSent | State::RepRcvd => {
-                let c = self.conns.get_mut(&i).expect("found");
+                let Some(c) = self.conns.get_mut(&i) else {
+                    return;
+                };
                 c.state = State::DreqRcvd;
                 c.pending = None;
                 self.post(i, Event::new(id.cast(), RDMA_CM_EVENT_DISCONNECTED, 0));
@@ -409,7 +423,9 @@ impl Cm {
         let Some(i) = self.by_comm_id(r.request_id) else {
             return;
         };
-        let c = self.conns.get_mut(&i).expect("found");
+        let Some(c) = self.conns.get_mut(&i) else {
+            return;
+        };
         if c.state != State::SidrReqSent {
             return;
         }
