@@ -1,7 +1,9 @@
 //! Middleware over the drop-in `libibverbs.so.1`, unmodified, through `softverbs run`: UCX
 //! (`ucx_info`, `ucx_perftest` over `rc_verbs` and `ud_verbs`), Open MPI (a two-rank
 //! ping-pong over the `openib` BTL and over `pml ucx`, next to shared memory) and qperf
-//! (RC and UD latency and bandwidth without the connection manager).
+//! (RC and UD latency and bandwidth without the connection manager) on one host; and UCX
+//! and Open MPI's `pml ucx` between two hosts (network namespaces A and B, `roce0` on their
+//! veth, `softverbs_cli::netns`).
 //!
 //! Each test parses what the tool prints (the device and transports UCX lists, latencies and
 //! bandwidths) rather than trusting exit codes. A missing tool skips a test with a message,
@@ -19,15 +21,26 @@
 //!   which a RoCE port refuses (so does the kernel, for every RoCE device): they run on a
 //!   device configured as InfiniBand, `SOFTVERBS_DEVICES="name=softverbs0,link=ib,lid=7"`.
 //!   On RoCE they need the connection manager (librdmacm), which these tests do not cover.
+//!   So between hosts (RoCE) Open MPI runs over `pml ucx` only: Debian's `openib` has only
+//!   the `udcm` connection scheme, which refuses Ethernet ports ("CPCs attempted: udcm"), as
+//!   it does on a ConnectX RoCE port; its `rdmacm` scheme is not built.
+//! - Between hosts, `mpirun` runs in host A and starts each rank's `orted` through an rsh
+//!   agent that enters the host's namespace under `softverbs run --netdev` (a script the
+//!   test writes); both "hosts" share one file system and host name, so ranks are not bound
+//!   to cores (each host would bind its rank to core 0) and PMIx keeps its data in a hash
+//!   rather than a shared-memory store named after the host.
 
 mod support;
 
+use softverbs_cli::netns::{HostNs, NetConfig, NetPair, available_for_test};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::{ci, free_port, have_tools, listening, show};
+use support::{ci, free_port, have_tools, listening, listening_in, show};
+
+const SOFTVERBS: &str = env!("CARGO_BIN_EXE_softverbs");
 
 /// An InfiniBand-configured device for the tools that address by LID only.
 const IB_DEVICE: &str = "name=softverbs0,link=ib,lid=7";
@@ -42,17 +55,74 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
 
 /// `softverbs run -- args…` with the default device unless `devices` is given.
 fn softverbs_run(args: &[&str], devices: Option<&str>) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_softverbs"));
+    let mut cmd = Command::new(SOFTVERBS);
     cmd.arg("run").arg("--").args(args);
     match devices {
         Some(d) => cmd.env("SOFTVERBS_DEVICES", d),
         None => cmd.env_remove("SOFTVERBS_DEVICES"),
     };
-    // Settings of the caller's shell would change what UCX picks.
+    without_callers_settings(cmd)
+}
+
+/// Settings of the caller's shell would change what UCX picks.
+fn without_callers_settings(mut cmd: Command) -> Command {
     for v in ["UCX_TLS", "UCX_NET_DEVICES", "UCX_LOG_LEVEL"] {
         cmd.env_remove(v);
     }
     cmd
+}
+
+/// `softverbs run --netdev IF -- args…` in host `h`'s namespace (device `roce0`).
+fn softverbs_run_in(h: &HostNs, args: &[&str]) -> Command {
+    let mut cmd = h.command(SOFTVERBS);
+    cmd.args(["run", "--netdev", &h.ifname, "--"])
+        .args(args)
+        .env_remove("SOFTVERBS_DEVICES");
+    without_callers_settings(cmd)
+}
+
+/// Where a server and its client run.
+#[derive(Clone, Copy)]
+enum On<'a> {
+    /// Both here, on `softverbs0`, the client connecting to 127.0.0.1.
+    OneHost,
+    /// The server in host A, the client in host B, each on `roce0`.
+    Between(&'a NetPair),
+}
+
+/// Stands for the device in tool arguments (`-d DEV`): `softverbs0:1` or `roce0:1`.
+const DEV: &str = "{dev}";
+
+impl On<'_> {
+    /// The UCX device name of the port the processes use.
+    fn device(&self) -> &'static str {
+        match self {
+            On::OneHost => "softverbs0:1",
+            On::Between(_) => "roce0:1",
+        }
+    }
+
+    fn server(&self, args: &[&str]) -> Command {
+        match self {
+            On::OneHost => softverbs_run(args, None),
+            On::Between(net) => softverbs_run_in(net.a(), args),
+        }
+    }
+
+    fn client(&self, args: &[&str]) -> Command {
+        match self {
+            On::OneHost => softverbs_run(args, None),
+            On::Between(net) => softverbs_run_in(net.b(), args),
+        }
+    }
+
+    /// The address the client connects to.
+    fn server_addr(&self) -> String {
+        match self {
+            On::OneHost => "127.0.0.1".into(),
+            On::Between(net) => net.a().ipv4.to_string(),
+        }
+    }
 }
 
 /// `pid` and every process below it, from /proc's parent links.
@@ -127,7 +197,8 @@ fn spawn(mut cmd: Command) -> Child {
 fn pair(server: Command, client: Command, port: u16, what: &str) -> (String, String) {
     let server = spawn(server);
     let start = Instant::now();
-    while !listening(port) && start.elapsed() < Duration::from_secs(20) {
+    // Read in the server's network namespace, which may not be ours.
+    while !listening_in(server.id(), port) && start.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(10));
     }
     let (c, c_hung) = finish(spawn(client), Duration::from_secs(60));
@@ -231,25 +302,27 @@ fn perf_final(out: &str) -> Option<PerfRow> {
     })
 }
 
-/// `ucx_perftest ARGS` as server and client on 127.0.0.1 with `tls` (UCX_TLS, for the UCP
-/// tests); returns the client's `Final:` row, which must cover all `iters` iterations.
-fn ucx_perftest(tls: Option<&str>, args: &[&str], iters: u64) -> PerfRow {
+/// `ucx_perftest ARGS` as server and client `on` one host or between two, with `tls`
+/// (UCX_TLS, for the UCP tests; [`DEV`] in `args` stands for the device); returns the
+/// client's `Final:` row, which must cover all `iters` iterations.
+fn ucx_perftest(on: On<'_>, tls: Option<&str>, args: &[&str], iters: u64) -> PerfRow {
     let port = free_port();
     let (p, n) = (port.to_string(), iters.to_string());
     let mut base = vec!["ucx_perftest", "-p", &p, "-n", &n, "-w", "100"];
-    base.extend_from_slice(args);
-    let cmd = |args: &[&str]| {
-        let mut c = softverbs_run(args, None);
-        c.env("UCX_NET_DEVICES", "softverbs0:1");
+    let dev = on.device();
+    base.extend(args.iter().map(|&a| if a == DEV { dev } else { a }));
+    let env = |mut c: Command| {
+        c.env("UCX_NET_DEVICES", dev);
         if let Some(t) = tls {
             c.env("UCX_TLS", t);
         }
         c
     };
+    let addr = on.server_addr();
     let mut client = base.clone();
-    client.push("127.0.0.1");
-    let what = format!("UCX_TLS={tls:?} {base:?}");
-    let (c, _) = pair(cmd(&base), cmd(&client), port, &what);
+    client.push(&addr);
+    let what = format!("UCX_TLS={tls:?} {client:?}");
+    let (c, _) = pair(env(on.server(&base)), env(on.client(&client)), port, &what);
     let row = perf_final(&c).unwrap_or_else(|| panic!("a Final: row from {what}\n{c}"));
     assert_eq!(row.iterations, iters, "{what}\n{c}");
     assert!(
@@ -264,13 +337,19 @@ fn ucx_ready(test: &str) -> bool {
     have_tools(test, &["ucx_perftest"]) && ucx_sees_softverbs(test)
 }
 
+/// UCT's put tests on `rc_verbs` itself (no UCP, so no auxiliary transport).
+const PUT_LAT_RC: &[&str] = &["-t", "put_lat", "-x", "rc_verbs", "-d", DEV];
+const PUT_BW_RC: &[&str] = &[
+    "-t", "put_bw", "-x", "rc_verbs", "-d", DEV, "-D", "zcopy", "-s", "65536",
+];
+
 #[test]
 fn ucx_perftest_tag_lat_over_rc_verbs() {
     if !ucx_ready(module_path!()) {
         return;
     }
     let _t = turn();
-    ucx_perftest(Some("rc_v"), &["-t", "tag_lat"], 2000);
+    ucx_perftest(On::OneHost, Some("rc_v"), &["-t", "tag_lat"], 2000);
 }
 
 #[test]
@@ -279,11 +358,7 @@ fn ucx_perftest_put_lat_over_rc_verbs() {
         return;
     }
     let _t = turn();
-    ucx_perftest(
-        None,
-        &["-t", "put_lat", "-x", "rc_verbs", "-d", "softverbs0:1"],
-        2000,
-    );
+    ucx_perftest(On::OneHost, None, PUT_LAT_RC, 2000);
 }
 
 #[test]
@@ -292,22 +367,7 @@ fn ucx_perftest_put_bw_over_rc_verbs() {
         return;
     }
     let _t = turn();
-    let row = ucx_perftest(
-        None,
-        &[
-            "-t",
-            "put_bw",
-            "-x",
-            "rc_verbs",
-            "-d",
-            "softverbs0:1",
-            "-D",
-            "zcopy",
-            "-s",
-            "65536",
-        ],
-        2000,
-    );
+    let row = ucx_perftest(On::OneHost, None, PUT_BW_RC, 2000);
     assert!(row.bandwidth_mbs > 0.0, "{row:?}");
 }
 
@@ -317,7 +377,7 @@ fn ucx_perftest_tag_lat_over_ud_verbs() {
         return;
     }
     let _t = turn();
-    ucx_perftest(Some("ud_verbs"), &["-t", "tag_lat"], 2000);
+    ucx_perftest(On::OneHost, Some("ud_verbs"), &["-t", "tag_lat"], 2000);
 }
 
 /// UD has no RDMA: UCT's `put_*` tests do not exist for `ud_verbs`, and UCP's emulate the
@@ -328,7 +388,7 @@ fn ucx_perftest_ucp_put_lat_over_ud_verbs() {
         return;
     }
     let _t = turn();
-    ucx_perftest(Some("ud_verbs"), &["-t", "ucp_put_lat"], 1000);
+    ucx_perftest(On::OneHost, Some("ud_verbs"), &["-t", "ucp_put_lat"], 1000);
 }
 
 #[test]
@@ -337,7 +397,39 @@ fn ucx_perftest_ucp_put_bw_over_ud_verbs() {
         return;
     }
     let _t = turn();
-    let row = ucx_perftest(Some("ud_verbs"), &["-t", "ucp_put_bw", "-s", "65536"], 1000);
+    let row = ucx_perftest(
+        On::OneHost,
+        Some("ud_verbs"),
+        &["-t", "ucp_put_bw", "-s", "65536"],
+        1000,
+    );
+    assert!(row.bandwidth_mbs > 0.0, "{row:?}");
+}
+
+/// Every `ucx_perftest` run of the one-host tests, between two hosts over RoCEv2. A UD
+/// receiver finds the IPv4 header in the second half of its GRH room and is told so by the
+/// completion's `sl`, as a ConnectX tells it (UCX 1.13 drops every datagram otherwise).
+#[test]
+fn ucx_perftest_between_hosts() {
+    let test = "ucx_perftest_between_hosts";
+    if !ucx_ready(test) || !available_for_test(test) {
+        return;
+    }
+    let _t = turn();
+    let net = NetPair::new(&NetConfig::default()).expect("namespaces");
+    let on = On::Between(&net);
+    ucx_perftest(on, Some("rc_v"), &["-t", "tag_lat"], 1000);
+    ucx_perftest(on, None, PUT_LAT_RC, 1000);
+    let row = ucx_perftest(on, None, PUT_BW_RC, 500);
+    assert!(row.bandwidth_mbs > 0.0, "{row:?}");
+    ucx_perftest(on, Some("ud_verbs"), &["-t", "tag_lat"], 1000);
+    ucx_perftest(on, Some("ud_verbs"), &["-t", "ucp_put_lat"], 1000);
+    let row = ucx_perftest(
+        on,
+        Some("ud_verbs"),
+        &["-t", "ucp_put_bw", "-s", "65536"],
+        200,
+    );
     assert!(row.bandwidth_mbs > 0.0, "{row:?}");
 }
 
@@ -424,10 +516,63 @@ fn mpi_latency(mca: &[&str], devices: Option<&str>, iters: u32) -> f64 {
     ];
     args.extend_from_slice(mca);
     args.extend_from_slice(&[exe, &n, "8"]);
-    let (o, hung) = finish(
-        spawn(softverbs_run(&args, devices)),
-        Duration::from_secs(120),
+    mpi_run(softverbs_run(&args, devices), &args, iters)
+}
+
+/// The ping-pong with one rank in each of `net`'s hosts: `mpirun` in host A starts both
+/// ranks' `orted` through [`rsh_agent`] (see the module doc).
+fn mpi_latency_between(net: &NetPair, mca: &[&str], iters: u32) -> f64 {
+    let exe = mpi_pingpong_exe();
+    let exe = exe.to_str().expect("UTF-8 path");
+    let agent = rsh_agent(net);
+    let agent = agent.to_str().expect("UTF-8 path");
+    let hosts = format!("{},{}", net.a().netns, net.b().netns);
+    let n = iters.to_string();
+    let mut args = vec![
+        "mpirun",
+        "--allow-run-as-root",
+        "--bind-to",
+        "none",
+        "--mca",
+        "plm_rsh_agent",
+        agent,
+        "-H",
+        &hosts,
+        "-np",
+        "2",
+    ];
+    args.extend_from_slice(mca);
+    args.extend_from_slice(&[exe, &n, "8"]);
+    let mut cmd = net.a().command(args[0]);
+    cmd.args(&args[1..])
+        .env_remove("SOFTVERBS_DEVICES")
+        .env("PMIX_MCA_gds", "hash");
+    mpi_run(without_callers_settings(cmd), &args, iters)
+}
+
+/// An rsh agent for Open MPI (`AGENT HOST COMMAND…`) that runs COMMAND in namespace HOST
+/// of `net` under `softverbs run --netdev` its interface.
+fn rsh_agent(net: &NetPair) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("softverbs-mpi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(format!("rsh-{}", net.a().netns));
+    let cases: String = [net.a(), net.b()]
+        .iter()
+        .map(|h| format!("  {}) netdev={} ;;\n", h.netns, h.ifname))
+        .collect();
+    let script = format!(
+        "#!/bin/sh\nhost=$1; shift\ncase $host in\n{cases}  *) echo \"no host $host\" >&2; exit 1 ;;\n\
+         esac\nexec ip netns exec \"$host\" {SOFTVERBS} run --netdev \"$netdev\" -- sh -c \"$*\"\n"
     );
+    std::fs::write(&path, script).expect("write the agent");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// Runs `cmd` (the `mpirun` line `args`) and returns the latency rank 0 printed, in µs.
+fn mpi_run(cmd: Command, args: &[&str], iters: u32) -> f64 {
+    let (o, hung) = finish(spawn(cmd), Duration::from_secs(120));
     let t = show(&o);
     assert!(!hung && o.status.success(), "{args:?} (hung: {hung})\n{t}");
     let want = format!("pingpong: {iters} iterations of 8 bytes, latency ");
@@ -493,6 +638,35 @@ fn mpi_pingpong_over_pml_ucx_rc_verbs() {
         2000,
     );
     println!("MPI 8 B ping-pong: btl self,vader {shm:.2} us, pml ucx rc_verbs {ucx:.2} us");
+}
+
+/// `pml ucx` over `rc_verbs` with a rank on each of two hosts, next to Open MPI's TCP
+/// transport between the same two hosts in the same run (shared memory cannot cross hosts).
+#[test]
+fn mpi_pingpong_over_pml_ucx_between_hosts() {
+    let test = "mpi_pingpong_over_pml_ucx_between_hosts";
+    if !mpi_ready(test) || !ucx_sees_softverbs(test) || !available_for_test(test) {
+        return;
+    }
+    let _t = turn();
+    let net = NetPair::new(&NetConfig::default()).expect("namespaces");
+    let tcp = mpi_latency_between(&net, &["--mca", "btl", "self,tcp"], 2000);
+    let ucx = mpi_latency_between(
+        &net,
+        &[
+            "--mca",
+            "pml",
+            "ucx",
+            "-x",
+            "UCX_TLS=rc_v,self",
+            "-x",
+            "UCX_NET_DEVICES=roce0:1",
+        ],
+        2000,
+    );
+    println!(
+        "MPI 8 B ping-pong between hosts: btl self,tcp {tcp:.2} us, pml ucx rc_verbs {ucx:.2} us"
+    );
 }
 
 // ---- qperf -----------------------------------------------------------------------------

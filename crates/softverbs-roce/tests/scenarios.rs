@@ -585,7 +585,7 @@ fn ud_places_the_grh_and_checks_the_qkey() {
             recvs[0].src_qp,
             recvs[0].grh
         ),
-        (140, Some(77), QA, true)
+        (140, Some(77), QA, Some(NetworkHeader::Ipv4))
     );
     assert_eq!(recvs[1].byte_len, 90);
     let grh = p.bytes(p.b, 1, 0, 40);

@@ -62,9 +62,18 @@ pub fn free_port() -> u16 {
 /// True once some socket listens on `port` (IPv4 or IPv6), read from /proc so that a
 /// server's single accept is not used up by a probe.
 pub fn listening(port: u16) -> bool {
+    listening_under("/proc/net", port)
+}
+
+/// [`listening`] in the network namespace of process `pid` (which may not be ours).
+pub fn listening_in(pid: u32, port: u16) -> bool {
+    listening_under(&format!("/proc/{pid}/net"), port)
+}
+
+fn listening_under(net: &str, port: u16) -> bool {
     let hex = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("{net}/{f}")).is_ok_and(|t| {
             t.lines().skip(1).any(|l| {
                 let cols: Vec<&str> = l.split_whitespace().collect();
                 cols.len() > 3 && format!("{} ", cols[1]).ends_with(&hex) && cols[3] == "0A"

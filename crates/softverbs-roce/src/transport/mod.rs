@@ -262,10 +262,19 @@ pub struct Completion {
     pub src_qp: u32,
     /// A receive completion (else a send queue one).
     pub is_recv: bool,
-    /// UD: the receive buffer starts with a GRH.
-    pub grh: bool,
+    /// UD: the receive buffer starts with the GRH room, holding this IP header (an IPv4
+    /// header in its last 20 bytes, as Annex 17 places it).
+    pub grh: Option<NetworkHeader>,
     /// Solicited event requested by the sender (receive side).
     pub solicited: bool,
+}
+
+/// The IP version of a received datagram (the kernel's `rdma_network_type`): a UD receiver
+/// needs it to read its GRH room, where an IPv4 header fills only the second half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkHeader {
+    Ipv4,
+    Ipv6,
 }
 
 /// Why a QP entered the error state.

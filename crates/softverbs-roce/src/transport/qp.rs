@@ -59,7 +59,7 @@ impl Shared {
                 _ => 0,
             },
             is_recv,
-            grh: false,
+            grh: None,
             solicited: false,
         }
     }

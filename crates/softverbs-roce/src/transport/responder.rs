@@ -5,8 +5,8 @@
 
 use super::qp::{Shared, Transmit};
 use super::{
-    Access, AtomicOp, MemError, Memory, QpAccess, QpConfig, QpError, QpType, RecvWr, WcOpcode,
-    WcStatus,
+    Access, AtomicOp, MemError, Memory, NetworkHeader, QpAccess, QpConfig, QpError, QpType, RecvWr,
+    WcOpcode, WcStatus,
 };
 use crate::wire::{
     Aeth, AethKind, AtomicAckEth, Bth, Datagram, GRH_LEN, Headers, IpRepr, NakCode, Op, Opcode,
@@ -539,16 +539,18 @@ impl Responder {
             return;
         };
         let mut grh = [0u8; GRH_LEN];
-        match d.ip {
+        let network = match d.ip {
             IpRepr::V4(_) => {
                 let n = d.ip_header.len().min(20);
                 grh[20..20 + n].copy_from_slice(&d.ip_header[..n]);
+                NetworkHeader::Ipv4
             }
             IpRepr::V6(_) => {
                 let n = d.ip_header.len().min(GRH_LEN);
                 grh[..n].copy_from_slice(&d.ip_header[..n]);
+                NetworkHeader::Ipv6
             }
-        }
+        };
         let pd = s.cfg.pd;
         let placed = mem
             .scatter(pd, &wqe.sges, 0, &grh)
@@ -559,7 +561,7 @@ impl Responder {
                 c.byte_len = (GRH_LEN + d.payload.len()) as u32;
                 c.imm = h.imm;
                 c.src_qp = deth.src_qp;
-                c.grh = true;
+                c.grh = Some(network);
                 c.solicited = h.bth.solicited;
             }
             Err(MemError::OutOfBounds) => c.status = WcStatus::LocLenErr,

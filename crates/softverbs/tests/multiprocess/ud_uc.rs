@@ -9,12 +9,14 @@ const INITIATOR_QKEY: u32 = 0x1111;
 
 /// Checks a UD receive's GRH area: IPv6, source `sgid`, destination `dgid`. Between hosts,
 /// a message between IPv4-mapped GIDs arrives as RoCEv2 over IPv4, and the 40 bytes hold what
-/// soft-RoCE and RoCE NICs put there: 20 unused bytes, then the IPv4 header.
-fn check_grh(buf: &[u8], sgid: Gid, dgid: Gid, who: &str) {
+/// soft-RoCE and RoCE NICs put there: 20 unused bytes, then the IPv4 header; and the
+/// completion's `sl` says which (a ConnectX's RoCE packet type: 0x8 | 2 for IPv4, 0x8 | 1
+/// for IPv6), which UCX reads to find the destination address.
+fn check_grh(buf: &[u8], wc: &WorkCompletion, sgid: Gid, dgid: Gid, who: &str) {
     let v4 = |g: Gid| g.to_ipv6().to_ipv4_mapped();
-    if crate::harness::between_hosts()
-        && let (Some(s), Some(d)) = (v4(sgid), v4(dgid))
-    {
+    let between = crate::harness::between_hosts();
+    if between && let (Some(s), Some(d)) = (v4(sgid), v4(dgid)) {
+        assert_eq!(wc.sl(), 0xa, "{who}: RoCEv2 over IPv4 in the sl: {wc:?}");
         assert_eq!(
             buf[20] >> 4,
             4,
@@ -24,6 +26,9 @@ fn check_grh(buf: &[u8], sgid: Gid, dgid: Gid, who: &str) {
         assert_eq!(&buf[32..36], &s.octets(), "{who}: IPv4 source");
         assert_eq!(&buf[36..40], &d.octets(), "{who}: IPv4 destination");
         return;
+    }
+    if between {
+        assert_eq!(wc.sl(), 0x9, "{who}: RoCEv2 over IPv6 in the sl: {wc:?}");
     }
     assert_eq!(
         buf[0] >> 4,
@@ -73,7 +78,7 @@ peer!(peer_ud_target, |p| {
     let got = buf.to_vec();
     if n.is_roce() {
         assert!(wc.wc_flags().contains(WcFlags::GRH), "UD target: {wc:?}");
-        check_grh(&got, them.gid, me.gid, "UD target");
+        check_grh(&got, &wc, them.gid, me.gid, "UD target");
     }
     assert_eq!(
         compare(&got[GRH_LEN..GRH_LEN + 200], &pattern(256, 5)[..200]),
@@ -153,7 +158,7 @@ fn ud_send_between_processes_through_an_address_handle_lands_after_a_grh_both_wa
     let got = back.to_vec();
     if n.is_roce() {
         assert!(wc.wc_flags().contains(WcFlags::GRH), "{wc:?}");
-        check_grh(&got, them.gid, me.gid, "UD initiator");
+        check_grh(&got, &wc, them.gid, me.gid, "UD initiator");
     }
     assert_eq!(
         compare(&got[GRH_LEN..GRH_LEN + 100], &pattern(128, 6)[..100]),

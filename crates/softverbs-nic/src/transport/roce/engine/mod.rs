@@ -54,8 +54,8 @@ use rustix::net::{
 use softverbs_roce::Time;
 use softverbs_roce::endpoint::Endpoint;
 use softverbs_roce::transport::{
-    Completion, Event, QpAccess, QpConfig, QpCounters, QpError, QpType, RecvWr, SendOp, SendWr,
-    Sge, UdDest, WcOpcode, WcStatus,
+    Completion, Event, NetworkHeader, QpAccess, QpConfig, QpCounters, QpError, QpType, RecvWr,
+    SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
 };
 use softverbs_roce::wire::{NakCode, Psn};
 use std::collections::{HashMap, VecDeque};
@@ -1054,9 +1054,19 @@ impl Engine {
         if c.imm.is_some() {
             flags |= WcFlags::WITH_IMM;
         }
-        if c.grh {
-            flags |= WcFlags::GRH;
-        }
+        // A RoCE packet has no service level; like a ConnectX, the work completion's `sl`
+        // tells a UD receiver which IP header its GRH room holds (bit 3: a RoCEv2 UDP
+        // packet; low bits 1 = IPv6, 2 = IPv4). UCX up to 1.18 reads the GRH room by it.
+        let sl = match c.grh {
+            Some(ip) => {
+                flags |= WcFlags::GRH;
+                match ip {
+                    NetworkHeader::Ipv4 => 0x8 | 0x2,
+                    NetworkHeader::Ipv6 => 0x8 | 0x1,
+                }
+            }
+            None => 0,
+        };
         q.remote.push_recv(Cqe {
             wr_id: c.wr_id,
             status: status_of(c.status) as u8,
@@ -1066,6 +1076,7 @@ impl Engine {
             qp_num: qpn,
             src_qp: c.src_qp,
             wc_flags: flags.bits() as u8,
+            sl,
             solicited: u8::from(c.solicited),
             ..Cqe::default()
         });
