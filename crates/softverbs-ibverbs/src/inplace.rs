@@ -19,6 +19,7 @@
 //!
 //! `SOFTVERBS_IBVERBS_INPLACE=0` turns this off.
 
+use crate::maps::Mappings;
 use softverbs_nic::mr::keys::Backing;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
@@ -37,38 +38,6 @@ fn page() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 { p as usize } else { 4096 }
-}
-
-/// True if every byte of `start..end` lies in private anonymous read-write mappings.
-fn private_anon(start: usize, end: usize) -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return false;
-    };
-    let mut covered = start;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let path = f.nth(3).unwrap_or("");
-        let Some((a, b)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
-            continue;
-        };
-        if b <= covered || a >= end {
-            continue;
-        }
-        if a > covered || perms != "rw-p" || !(path.is_empty() || path == "[heap]") {
-            return false;
-        }
-        covered = b;
-        if covered >= end {
-            return true;
-        }
-    }
-    false
 }
 
 /// `softverbs_inplace_exclusive(cb, arg)`: runs `cb(arg)` while no registration is moving
@@ -92,8 +61,9 @@ pub unsafe extern "C" fn sv_softverbs_inplace_exclusive(
 }
 
 /// Moves `addr..addr + len` into a memfd (or reuses the one it is already in) and returns the
-/// backing to register with; `None` leaves the memory as it is.
-pub fn acquire(addr: usize, len: usize) -> Option<Backing> {
+/// backing to register with; `None` leaves the memory as it is. `maps` is the process's
+/// mappings, read by the caller.
+pub fn acquire(addr: usize, len: usize, maps: Option<&Mappings>) -> Option<Backing> {
     if len == 0 || std::env::var("SOFTVERBS_IBVERBS_INPLACE").as_deref() == Ok("0") {
         return None;
     }
@@ -118,7 +88,7 @@ pub fn acquire(addr: usize, len: usize) -> Option<Backing> {
     {
         return None; // overlaps a moved range only in part
     }
-    if !private_anon(start, end) {
+    if !maps.is_some_and(|m| m.private_anon(start, end)) {
         return None;
     }
     let size = end - start;

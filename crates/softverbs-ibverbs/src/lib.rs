@@ -27,6 +27,7 @@
 mod abi;
 mod ext;
 mod inplace;
+mod maps;
 mod mrlayout;
 mod rates;
 mod sysfs;

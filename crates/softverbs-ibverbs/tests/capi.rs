@@ -19,7 +19,10 @@
 //! man-page examples over RC, the bind work request, every result code, key changes, dereg
 //! busy).
 //!
-//! The three share their set-up and polling helpers through `tests/c/common.h` (found beside
+//! A fourth, `tests/c/conformance.c`, checks calls against the man pages and the kernel's
+//! answers, one call family per test (see the file's head).
+//!
+//! The four share their set-up and polling helpers through `tests/c/common.h` (found beside
 //! each source by `#include "common.h"`, so no `-I` is needed for it).
 //!
 //! Needs `cc` and `libibverbs-dev`; without them the tests are skipped with a message, except
@@ -65,7 +68,10 @@ fn compile_c(name: &str, link_dropin: bool) -> Option<(PathBuf, PathBuf)> {
         missing("the drop-in libibverbs.so (cargo build -p softverbs-ibverbs)");
         return None;
     };
-    let dir = std::env::temp_dir().join(format!("softverbs-{name}-{}", std::process::id()));
+    // A directory per compilation: tests of one program run in parallel.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("softverbs-{name}-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = manifest.join(format!("tests/c/{name}.c"));
@@ -96,10 +102,16 @@ fn compile_c(name: &str, link_dropin: bool) -> Option<(PathBuf, PathBuf)> {
 }
 
 fn run_c_program(name: &str, link_dropin: bool) {
+    run_c_program_with(name, link_dropin, &[]);
+}
+
+/// [`run_c_program`] with command-line arguments.
+fn run_c_program_with(name: &str, link_dropin: bool, args: &[&str]) {
     let Some((dir, exe)) = compile_c(name, link_dropin) else {
         return;
     };
     let out = Command::new(&exe)
+        .args(args)
         .env("LD_LIBRARY_PATH", &dir)
         .env("LD_BIND_NOW", "1")
         .env_remove("SOFTVERBS_DEVICES")
@@ -128,6 +140,35 @@ fn c_poll_cq_ex_compact_records() {
 #[test]
 fn c_noncontiguous_memory_regions() {
     run_c_program("noncontig", true);
+}
+
+/// `tests/c/conformance.c mr`: registrations of unmapped, partly mapped, PROT_NONE and
+/// read-only memory (with a writing right) fail with EFAULT, as the kernel's pinning of the
+/// pages answers; a failed `ibv_rereg_mr` leaves the region as it was.
+#[test]
+fn c_conformance_memory_registration() {
+    run_c_program_with("conformance", false, &["mr"]);
+}
+
+/// `conformance busy`: destroying a PD, CQ or SRQ still in use is EBUSY and leaves it usable.
+#[test]
+fn c_conformance_destroying_objects_in_use() {
+    run_c_program_with("conformance", false, &["busy"]);
+}
+
+/// `conformance post`: SGE counts over the queue's limits and inline data over
+/// `max_inline_data` are EINVAL with `bad_wr`, checked before the caller's array or bytes are
+/// read (they end at a guard page).
+#[test]
+fn c_conformance_post_limits() {
+    run_c_program_with("conformance", false, &["post"]);
+}
+
+/// `conformance cq`: completion vectors `0..num_comp_vectors` work, others and out-of-range
+/// sizes are EINVAL.
+#[test]
+fn c_conformance_cq_creation() {
+    run_c_program_with("conformance", false, &["cq"]);
 }
 
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of

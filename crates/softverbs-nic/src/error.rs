@@ -15,6 +15,9 @@ pub enum Error {
     /// A device limit or queue capacity is exhausted (ENOMEM).
     #[error("out of resources: {0}")]
     NoResources(String),
+    /// Memory the call was given is not mapped with the rights it needs (EFAULT).
+    #[error("bad address: {0}")]
+    BadAddress(String),
     /// The object is still in use (EBUSY).
     #[error("busy: {0}")]
     Busy(String),
@@ -39,6 +42,7 @@ impl Error {
             Error::InvalidArgument(_) | Error::Config(_) => libc_errno::EINVAL,
             Error::Unsupported(_) => libc_errno::EOPNOTSUPP,
             Error::NoResources(_) => libc_errno::ENOMEM,
+            Error::BadAddress(_) => libc_errno::EFAULT,
             Error::Busy(_) => libc_errno::EBUSY,
             Error::WouldBlock => libc_errno::EAGAIN,
             Error::NotFound(_) => libc_errno::ENOENT,
@@ -55,6 +59,7 @@ impl Error {
 pub mod libc_errno {
     pub const ENOENT: i32 = 2;
     pub const EAGAIN: i32 = 11;
+    pub const EFAULT: i32 = 14;
     pub const ENOMEM: i32 = 12;
     pub const EBUSY: i32 = 16;
     pub const EINVAL: i32 = 22;

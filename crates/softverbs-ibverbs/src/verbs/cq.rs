@@ -156,14 +156,28 @@ unsafe fn create_cq(
     b
 }
 
+/// True if `ctx` has completion vector `v` (`0..num_comp_vectors`); the kernel refuses
+/// others with EINVAL.
+///
+/// # Safety
+/// `ctx` is NULL or a context of ours.
+unsafe fn comp_vector_exists(ctx: *mut ibv_context, v: i64) -> bool {
+    // SAFETY: as documented.
+    !ctx.is_null() && (0..i64::from(unsafe { (*ctx).num_comp_vectors })).contains(&v)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sv_ibv_create_cq(
     ctx: *mut ibv_context,
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
+    // SAFETY: a context of ours, or NULL.
+    if !unsafe { comp_vector_exists(ctx, i64::from(comp_vector)) } {
+        return inval();
+    }
     // SAFETY: forwarded caller arguments.
     unsafe {
         create_cq(
@@ -200,6 +214,10 @@ pub(super) unsafe extern "C" fn create_cq_ex(
     let Ok(cqe) = c_int::try_from(a.cqe) else {
         return inval();
     };
+    // SAFETY: a context of ours.
+    if !unsafe { comp_vector_exists(ctx, i64::from(a.comp_vector)) } {
+        return inval();
+    }
     let wc_flags = softverbs_nic::types::WcExFlags::from_bits_truncate(a.wc_flags);
     // SAFETY: a context of ours; the channel is the caller's (NULL or ours).
     unsafe { create_cq(ctx, cqe, a.cq_context, a.channel, wc_flags) as *mut ibv_cq_ex }
@@ -316,14 +334,18 @@ unsafe extern "C" fn cqx_read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    let mut live = live_cqs().write().unwrap_or_else(|e| e.into_inner());
     // NULL, already destroyed or not ours: EINVAL rather than freeing what we never made.
-    let ours = live_cqs()
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&(cq as usize));
-    if !ours {
+    if !live.contains(&(cq as usize)) {
         return EINVAL;
     }
+    // A QP still completes into it: EBUSY, and it stays usable.
+    // SAFETY: a live CQ of ours (the write lock keeps it so).
+    if unsafe { &*(cq as *const SvCq) }.nic.in_use() {
+        return libc::EBUSY;
+    }
+    live.remove(&(cq as usize));
+    drop(live);
     // SAFETY: `cq` came from `create_cq` (Box::into_raw of an SvCq) and was live until now.
     let b = unsafe { Box::from_raw(cq as *mut SvCq) };
     Registry::set(&b.reg.cqs, b.nic.id(), 0);

@@ -96,7 +96,7 @@ pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv
             async_fd: async_own
                 .as_ref()
                 .map_or(nic.events().fd().as_raw_fd(), |f| f.as_raw_fd()),
-            num_comp_vectors: 1,
+            num_comp_vectors: comp_vectors(),
             mutex: Default::default(),
             abi_compat: VERBS_ABI_IS_EXTENDED,
         },
@@ -569,4 +569,13 @@ pub extern "C" fn sv_ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int
 #[unsafe(no_mangle)]
 pub extern "C" fn sv_ibv_get_sysfs_path() -> *const libc::c_char {
     sysfs_path().as_ptr()
+}
+
+/// One completion vector per CPU, as soft-RoCE offers (`num_possible_cpus`): programs pass
+/// their CPU as the vector (UCX does), and a CQ's events go to its channel whatever the
+/// vector, since there are no interrupts to steer.
+fn comp_vectors() -> c_int {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    c_int::try_from(n).unwrap_or(1).max(1)
 }

@@ -28,6 +28,11 @@ pub unsafe extern "C" fn sv_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     if pd.is_null() {
         return EINVAL;
     }
+    // Memory regions, QPs, SRQs or address handles still in it: EBUSY, and it stays usable.
+    // SAFETY: a PD of ours.
+    if unsafe { &*(pd as *const SvPd) }.nic.in_use() {
+        return libc::EBUSY;
+    }
     // SAFETY: `pd` came from `sv_ibv_alloc_pd` (Box::into_raw of an SvPd).
     drop(unsafe { Box::from_raw(pd as *mut SvPd) });
     0
@@ -68,7 +73,9 @@ pub unsafe extern "C" fn sv_ibv_reg_mr_iova2(
 }
 
 /// Registers `addr..addr + length` at `iova` with the NIC, moving plain memory into a memfd
-/// first (see `inplace`); on failure nothing stays moved for it.
+/// first (see `inplace`); on failure nothing stays moved for it. Memory that is not mapped,
+/// or not writable when the rights need writing, is refused with EFAULT, as the kernel's
+/// pinning of the pages refuses it, rather than left for a later operation to fault on.
 ///
 /// # Safety
 /// The buffer stays valid until the region is deregistered.
@@ -79,7 +86,26 @@ pub(super) unsafe fn register(
     iova: u64,
     access: c_uint,
 ) -> softverbs_nic::Result<(Mr, Option<softverbs_nic::mr::keys::Backing>)> {
-    let backing = crate::inplace::acquire(addr as usize, length);
+    let maps = crate::maps::Mappings::read();
+    if length > 0
+        && let Some(m) = &maps
+    {
+        let start = addr as usize;
+        let end = start
+            .checked_add(length)
+            .ok_or_else(|| softverbs_nic::Error::InvalidArgument("address range wraps".into()))?;
+        if !m.accessible(start, end, writable(access)) {
+            return Err(softverbs_nic::Error::BadAddress(format!(
+                "{length} bytes at {addr:p} are not all mapped {}",
+                if writable(access) {
+                    "writable"
+                } else {
+                    "readable"
+                }
+            )));
+        }
+    }
+    let backing = crate::inplace::acquire(addr as usize, length, maps.as_ref());
     // SAFETY: verbs requires the buffer to stay valid until `ibv_dereg_mr`; the NIC reaches
     // it through this process's address space, and peers through the memfd it was moved into
     // (or by cross-memory attach when it was not).
@@ -90,6 +116,16 @@ pub(super) unsafe fn register(
         crate::inplace::release(b);
     }
     r.map(|nic| (nic, backing))
+}
+
+/// The rights the kernel pins pages for writing for (`ib_access_writable`): the NIC or a
+/// peer may store into the region.
+fn writable(access: c_uint) -> bool {
+    let w = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_ATOMIC
+        | AccessFlags::MW_BIND;
+    AccessFlags::from_bits_retain(access).intersects(w)
 }
 
 /// `IBV_REREG_MR_CHANGE_TRANSLATION`, `_CHANGE_PD`, `_CHANGE_ACCESS`.

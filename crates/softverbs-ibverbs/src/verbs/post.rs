@@ -2,13 +2,20 @@
 
 use super::*;
 
-/// The SGE list of a work request.
+/// The SGE list of a work request, of at most `max` entries (the queue's SGE limit): a
+/// longer count is refused before the list is read, as providers do, since the caller's
+/// array need not hold more than the QP allows.
 ///
 /// # Safety
-/// `list` must point to `n` SGEs (or `n` is 0).
-pub(super) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>> {
+/// `list` must point to `n` SGEs (or `n` is 0, or `n` exceeds `max`).
+pub(super) unsafe fn sges(list: *const ibv_sge, n: c_int, max: u32) -> Result<Vec<Sge>> {
     if n < 0 || (n > 0 && list.is_null()) {
         return Err(Error::InvalidArgument("num_sge/sg_list".into()));
+    }
+    if n as u32 > max {
+        return Err(Error::InvalidArgument(format!(
+            "{n} SGEs but the queue allows {max}"
+        )));
     }
     if n == 0 {
         return Ok(Vec::new());
@@ -24,12 +31,13 @@ pub(super) unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>> {
         .collect())
 }
 
-/// Converts one `ibv_send_wr`.
+/// Converts one `ibv_send_wr` for a QP with `cap`: an SGE count or an inline length over the
+/// QP's limits is refused before the list or the bytes are read.
 ///
 /// # Safety
 /// `w` must be a valid send WR whose SGE list (and, for INLINE, the bytes it points at) is
 /// readable.
-pub(super) unsafe fn send_wqe(w: &ibv_send_wr) -> Result<SendWqe<'static>> {
+pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'static>> {
     let bad = |m: &str| Error::InvalidArgument(m.to_string());
     let op = WrOpcode::from_raw(w.opcode as u32).ok_or_else(|| bad("unsupported opcode"))?;
     // SAFETY: reading the union member the opcode selects.
@@ -75,9 +83,16 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr) -> Result<SendWqe<'static>> {
     };
     let flags = SendFlags::from_bits_retain(w.send_flags);
     // SAFETY: the caller's SGE list.
-    let list = unsafe { sges(w.sg_list, w.num_sge) }?;
+    let list = unsafe { sges(w.sg_list, w.num_sge, cap.max_send_sge) }?;
     let payload = if flags.contains(SendFlags::INLINE) {
-        let mut bytes = Vec::with_capacity(list.iter().map(|s| s.length as usize).sum());
+        let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+        if total > u64::from(cap.max_inline_data) {
+            return Err(Error::InvalidArgument(format!(
+                "{total} inline bytes but max_inline_data is {}",
+                cap.max_inline_data
+            )));
+        }
+        let mut bytes = Vec::with_capacity(total as usize);
         for s in &list {
             if s.length > 0 {
                 // SAFETY: with IBV_SEND_INLINE the SGE addresses are the caller's own
@@ -110,6 +125,7 @@ pub(super) unsafe extern "C" fn post_send(
     }
     // SAFETY: a QP of ours.
     let sv = unsafe { &*(qp as *const SvQp) };
+    let cap = sv.nic.cap();
     let mut ptrs = Vec::new();
     let mut wqes = Vec::new();
     let mut failed: Option<(usize, c_int)> = None;
@@ -118,7 +134,7 @@ pub(super) unsafe extern "C" fn post_send(
         // SAFETY: the caller's linked list of valid WRs.
         let w = unsafe { &*cur };
         // SAFETY: as above.
-        let conv = unsafe { send_wqe(w) }.and_then(|mut q| {
+        let conv = unsafe { send_wqe(w, &cap) }.and_then(|mut q| {
             if sv.nic.qp_type() == QpType::Ud {
                 // SAFETY: a UD WR's `wr.ud` names an address handle of ours (or NULL).
                 let ud = unsafe { w.wr.ud };
@@ -173,12 +189,14 @@ pub(super) unsafe extern "C" fn post_recv(
     }
     // SAFETY: a QP of ours.
     let sv = unsafe { &*(qp as *const SvQp) };
+    let max = sv.nic.cap().max_recv_sge;
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: the caller's linked list of valid WRs and their SGE lists.
         let w = unsafe { &*cur };
         // SAFETY: as above.
-        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|s| sv.nic.post_recv(w.wr_id, &s));
+        let r =
+            unsafe { sges(w.sg_list, w.num_sge, max) }.and_then(|s| sv.nic.post_recv(w.wr_id, &s));
         if let Err(e) = r {
             if !bad_wr.is_null() {
                 // SAFETY: the caller's out-pointer.
@@ -201,12 +219,13 @@ pub(super) unsafe extern "C" fn post_srq_recv(
     }
     // SAFETY: an SRQ of ours.
     let sv = unsafe { &*(srq as *const SvSrq) };
+    let max = sv.nic.max_sge();
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: the caller's linked list of valid WRs and their SGE lists.
         let w = unsafe { &*cur };
         // SAFETY: as above.
-        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|s| sv.nic.post(w.wr_id, &s));
+        let r = unsafe { sges(w.sg_list, w.num_sge, max) }.and_then(|s| sv.nic.post(w.wr_id, &s));
         if let Err(e) = r {
             if !bad_wr.is_null() {
                 // SAFETY: the caller's out-pointer.

@@ -221,8 +221,10 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const 
         // SAFETY: the caller's QP.
         return unsafe { last(qp, |_| {}) };
     };
+    // SAFETY: `qp` is the first field of an `SvQp` (the caller's QP).
+    let max = unsafe { &*(qp as *const SvQp) }.nic.cap().max_send_sge;
     // SAFETY: the caller's list of `n` SGEs.
-    match unsafe { sges(list, n) } {
+    match unsafe { sges(list, n, max) } {
         // SAFETY: the caller's QP.
         Ok(s) => unsafe { last(qp, |w| w.payload = Payload::Sges(Cow::Owned(s))) },
         Err(_) => {
@@ -233,7 +235,26 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const 
     }
 }
 
+/// True if `length` inline bytes fit the QP's `max_inline_data`; if not, the batch fails
+/// with EINVAL and the bytes are never read.
+///
+/// # Safety
+/// `qp` must be a live QP of this library.
+unsafe fn inline_fits(qp: *mut ibv_qp_ex, length: usize) -> bool {
+    // SAFETY: forwarded.
+    let (sv, mut b) = unsafe { batch(qp) };
+    let fits = length <= sv.nic.cap().max_inline_data as usize;
+    if !fits {
+        b.error.get_or_insert(EINVAL);
+    }
+    fits
+}
+
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    // SAFETY: the caller's QP.
+    if !unsafe { inline_fits(qp, length) } {
+        return;
+    }
     let bytes = if length == 0 || addr.is_null() {
         Vec::new()
     } else {
@@ -249,16 +270,24 @@ unsafe extern "C" fn wr_set_inline_data_list(
     n: usize,
     list: *const ibv_data_buf,
 ) {
-    let mut bytes = Vec::new();
-    if n > 0 && !list.is_null() {
+    let bufs = if n > 0 && !list.is_null() {
         // SAFETY: the caller's list of `n` buffers.
-        for b in unsafe { std::slice::from_raw_parts(list, n) } {
-            if b.length > 0 && !b.addr.is_null() {
-                // SAFETY: each buffer is readable for its length during the call.
-                bytes.extend_from_slice(unsafe {
-                    std::slice::from_raw_parts(b.addr as *const u8, b.length)
-                });
-            }
+        unsafe { std::slice::from_raw_parts(list, n) }
+    } else {
+        &[]
+    };
+    let total = bufs.iter().fold(0usize, |t, b| t.saturating_add(b.length));
+    // SAFETY: the caller's QP.
+    if !unsafe { inline_fits(qp, total) } {
+        return;
+    }
+    let mut bytes = Vec::with_capacity(total);
+    for b in bufs {
+        if b.length > 0 && !b.addr.is_null() {
+            // SAFETY: each buffer is readable for its length during the call.
+            bytes.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(b.addr as *const u8, b.length)
+            });
         }
     }
     // SAFETY: the caller's QP.

@@ -89,6 +89,11 @@ pub unsafe extern "C" fn sv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     if srq.is_null() {
         return EINVAL;
     }
+    // A QP still receives through it: EBUSY, and it stays usable.
+    // SAFETY: an SRQ of ours.
+    if unsafe { &*(srq as *const SvSrq) }.nic.in_use() {
+        return libc::EBUSY;
+    }
     // SAFETY: `srq` came from `sv_ibv_create_srq` (Box::into_raw of an SvSrq).
     let b = unsafe { Box::from_raw(srq as *mut SvSrq) };
     Registry::set(&b.reg.srqs, b.nic.id(), 0);

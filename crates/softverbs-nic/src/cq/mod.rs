@@ -254,6 +254,7 @@ pub struct Cq {
     clock: crate::clock::Clock,
     events_delivered: AtomicU32,
     events_acked: AtomicU32,
+    pub(crate) users: crate::device::Users,
     _count: Option<crate::device::Counted>,
 }
 
@@ -329,6 +330,7 @@ impl Cq {
             clock,
             events_delivered: AtomicU32::new(0),
             events_acked: AtomicU32::new(0),
+            users: crate::device::Users::default(),
             _count: count,
         });
         if let Some(ch) = &cq.channel {
@@ -345,6 +347,11 @@ impl Cq {
     /// Device-wide id of this CQ.
     pub fn id(&self) -> u32 {
         self.id
+    }
+
+    /// True while a QP completes into it (`ibv_destroy_cq` is EBUSY then).
+    pub fn in_use(&self) -> bool {
+        self.users.any()
     }
 
     /// Completions the CQ can hold.

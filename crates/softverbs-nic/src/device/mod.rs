@@ -17,7 +17,7 @@ mod resource;
 pub use attr::{DEFAULT_PKEY, DeviceAttr, MAX_MSG_SIZE, PORT_NUM, PortAttr, cap_flags};
 pub use context::Context;
 use qpn::QpNumbers;
-pub(crate) use resource::{Counted, Resource};
+pub(crate) use resource::{Counted, InUse, Resource, Users};
 
 use crate::clock::Clock;
 use crate::config::{DeviceConfig, ENV_DEVICES};

@@ -3,7 +3,7 @@
 use super::Device;
 use crate::error::{Error, Result};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 /// Kinds of objects a device counts against its limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,33 @@ impl Counted {
 impl Drop for Counted {
     fn drop(&mut self) {
         self.dev.count(self.kind).fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How many objects use this one (the MRs, QPs, SRQs and AHs of a PD; the QPs of a CQ or an
+/// SRQ). Memory safety does not need it (users hold `Arc`s); the verbs contract does: a
+/// destroy call answers EBUSY while the object is used, and the object stays usable.
+#[derive(Default)]
+pub(crate) struct Users(Arc<AtomicUsize>);
+
+impl Users {
+    /// Counts one more user until the returned guard is dropped.
+    pub(crate) fn add(&self) -> InUse {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        InUse(self.0.clone())
+    }
+
+    pub(crate) fn any(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 0
+    }
+}
+
+/// One user of an object; see [`Users`].
+pub(crate) struct InUse(Arc<AtomicUsize>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -1,7 +1,7 @@
 //! Address handles: where UD sends go.
 
 use super::Pd;
-use crate::device::{Counted, Device, Resource};
+use crate::device::{Counted, Device, InUse, Resource};
 use crate::error::Result;
 use crate::types::AhAttr;
 use std::sync::{Arc, Weak};
@@ -16,6 +16,7 @@ impl Pd {
             attr: *attr,
             pd: self.id,
             target: dev.resolve(attr),
+            _pd_use: self.users.add(),
             _count: count,
         }))
     }
@@ -26,6 +27,7 @@ pub struct Ah {
     pub(crate) attr: AhAttr,
     pub(crate) pd: u32,
     pub(crate) target: Weak<Device>,
+    _pd_use: InUse,
     _count: Counted,
 }
 

@@ -8,7 +8,7 @@ mod region;
 pub use ah::Ah;
 pub use region::Mr;
 
-use crate::device::{Context, Counted, Resource};
+use crate::device::{Context, Counted, Resource, Users};
 use crate::error::{Error, Result, inval};
 use crate::types::AccessFlags;
 use std::sync::Arc;
@@ -20,6 +20,7 @@ impl Context {
         Ok(Arc::new(Pd {
             id: self.dev.next_id(),
             ctx: self.clone(),
+            users: Users::default(),
             _count: count,
         }))
     }
@@ -29,6 +30,7 @@ impl Context {
 pub struct Pd {
     pub(crate) id: u32,
     pub(crate) ctx: Arc<Context>,
+    pub(crate) users: Users,
     _count: Counted,
 }
 
@@ -36,6 +38,12 @@ impl Pd {
     /// Device-wide id.
     pub fn id(&self) -> u32 {
         self.id
+    }
+
+    /// True while a memory region, QP, SRQ or address handle lives in this PD
+    /// (`ibv_dealloc_pd` is EBUSY then).
+    pub fn in_use(&self) -> bool {
+        self.users.any()
     }
 
     /// The context the PD belongs to.

@@ -2,7 +2,7 @@
 //! a non-contiguous layout on a container.
 
 use super::Pd;
-use crate::device::{Counted, Resource};
+use crate::device::{Counted, InUse, Resource};
 use crate::error::{Error, Result, inval};
 use crate::mr::container::{LayoutState, MrShared};
 use crate::mr::layout::{Layout, LayoutCaps, LayoutError, Replacement, SetLayoutFlags};
@@ -61,6 +61,7 @@ impl Pd {
             addr,
             iova,
             access: effective,
+            _pd_use: self.users.add(),
             _count: count,
         })
     }
@@ -173,6 +174,7 @@ pub struct Mr {
     addr: usize,
     iova: u64,
     access: AccessFlags,
+    _pd_use: InUse,
     _count: Counted,
 }
 

@@ -63,6 +63,8 @@ pub struct Qp {
     /// Set when a transport executes this QP's requests (a networked device's engine).
     pub(crate) offload: Option<<Qp as Deliver>::Offloaded>,
     me: Weak<Qp>,
+    /// Its PD, CQs and SRQ are in use while it lives.
+    _uses: Vec<crate::device::InUse>,
     _count: Counted,
 }
 
@@ -101,6 +103,11 @@ impl Qp {
             check("max_recv_sge", c.max_recv_sge, l.max_sge)?;
         }
         let count = dev.acquire(Resource::Qp)?;
+        let uses = [&pd.users, &init.send_cq.users, &init.recv_cq.users]
+            .into_iter()
+            .chain(init.srq.as_ref().map(|s| &s.users))
+            .map(crate::device::Users::add)
+            .collect();
         // Sizes are rounded up the way hardware rounds them, and the rounded values reported.
         let rq = match init.srq {
             Some(_) => None,
@@ -181,6 +188,7 @@ impl Qp {
             offload,
             me: me.clone(),
             dev: dev.clone(),
+            _uses: uses,
             _count: count,
         });
         dev.register_qp(qpn, Arc::downgrade(&qp) as Weak<_>);

@@ -5,7 +5,7 @@
 //! hardware does.
 
 use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
-use crate::device::{Counted, Device, Resource};
+use crate::device::{Counted, Device, InUse, Resource, Users};
 use crate::device_memory::ring::{Ring, SlotPayload};
 use crate::error::{Error, Result, inval};
 use crate::pd::Pd;
@@ -142,7 +142,7 @@ impl Pd {
     pub fn create_srq(self: &Arc<Self>, max_wr: u32, max_sge: u32, limit: u32) -> Result<Arc<Srq>> {
         Srq::new(
             &self.ctx.dev,
-            self.id,
+            (self.id, self.users.add()),
             self.ctx.events.clone(),
             max_wr,
             max_sge,
@@ -157,13 +157,25 @@ pub struct Srq {
     pub(crate) pd: u32,
     pub(crate) rq: RecvQueue,
     events: Arc<AsyncQueue>,
+    pub(crate) users: Users,
+    _pd_use: InUse,
     _count: Counted,
 }
 
 impl Srq {
+    /// The most SGEs a receive posted to it may have.
+    pub fn max_sge(&self) -> u32 {
+        self.rq.max_sge()
+    }
+
+    /// True while a QP receives through it (`ibv_destroy_srq` is EBUSY then).
+    pub fn in_use(&self) -> bool {
+        self.users.any()
+    }
+
     pub(crate) fn new(
         dev: &Arc<Device>,
-        pd: u32,
+        (pd, pd_use): (u32, InUse),
         events: Arc<AsyncQueue>,
         max_wr: u32,
         max_sge: u32,
@@ -190,6 +202,8 @@ impl Srq {
             pd,
             rq,
             events,
+            users: Users::default(),
+            _pd_use: pd_use,
             _count: count,
         }))
     }
