@@ -171,6 +171,20 @@ fn c_conformance_cq_creation() {
     run_c_program_with("conformance", false, &["cq"]);
 }
 
+/// `conformance query`: what the queries report is what a RoCE device would (non-zero ids,
+/// the `_ex` call agreeing with the plain one, nothing advertised that is not implemented).
+#[test]
+fn c_conformance_queries() {
+    run_c_program_with("conformance", false, &["query"]);
+}
+
+/// `conformance qp`: `ibv_create_qp` refuses every capacity over the device's limits, a
+/// missing CQ and an unknown type with EINVAL, and works at the limits.
+#[test]
+fn c_conformance_qp_creation() {
+    run_c_program_with("conformance", false, &["qp"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

@@ -13,6 +13,12 @@
  *          PROT_NONE guard page, so a read past them kills the program); then valid traffic.
  *   cq     ibv_create_cq / ibv_create_cq_ex with a completion vector the device does not
  *          have, and out-of-range sizes: NULL with EINVAL; every vector it has works.
+ *   query  ibv_query_device / _ex / ibv_query_port / ibv_query_gid / ibv_query_pkey: non-zero
+ *          vendor and part ids, the _ex call's orig_attr the same as the plain one, no
+ *          capability advertised that is not implemented (memory windows, XRC, multicast,
+ *          ODP), the CM supported on the port, bad port, GID and P_Key indexes refused.
+ *   qp     ibv_create_qp with each capacity over the device's limit, without CQs, or of an
+ *          unknown type: NULL with EINVAL; at the limits it works.
  *
  * Prints "ok" at the end; any failed CHECK exits 1 with the line. */
 #include "common.h"
@@ -275,6 +281,102 @@ static void family_cq(struct ibv_context *ctx) {
     CHECK(big && big->cqe >= da.max_cqe && ibv_destroy_cq(big) == 0);
 }
 
+static void family_query(struct ibv_context *ctx) {
+    struct ibv_device_attr a;
+    CHECK(ibv_query_device(ctx, &a) == 0);
+    CHECK(a.vendor_id != 0 && a.vendor_part_id != 0 && a.phys_port_cnt == 1);
+    CHECK(a.max_qp > 0 && a.max_cq > 0 && a.max_mr > 0 && a.max_pd > 0 && a.max_sge > 0);
+    /* Not implemented, so not advertised. */
+    CHECK(a.max_mw == 0 && a.max_mcast_grp == 0 && a.max_mcast_qp_attach == 0);
+    CHECK((a.device_cap_flags & (IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2A |
+                                 IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC |
+                                 IBV_DEVICE_MEM_MGT_EXTENSIONS)) == 0);
+    struct ibv_device_attr_ex x;
+    memset(&x, 0xa5, sizeof x);
+    CHECK(ibv_query_device_ex(ctx, NULL, &x) == 0);
+    /* Field by field: the structs have padding. */
+    const struct ibv_device_attr *o = &x.orig_attr;
+    CHECK(!strcmp(o->fw_ver, a.fw_ver) && o->node_guid == a.node_guid &&
+          o->sys_image_guid == a.sys_image_guid && o->max_mr_size == a.max_mr_size &&
+          o->page_size_cap == a.page_size_cap && o->vendor_id == a.vendor_id &&
+          o->vendor_part_id == a.vendor_part_id && o->hw_ver == a.hw_ver);
+    CHECK(o->max_qp == a.max_qp && o->max_qp_wr == a.max_qp_wr &&
+          o->device_cap_flags == a.device_cap_flags && o->max_sge == a.max_sge &&
+          o->max_sge_rd == a.max_sge_rd && o->max_cq == a.max_cq && o->max_cqe == a.max_cqe &&
+          o->max_mr == a.max_mr && o->max_pd == a.max_pd && o->max_qp_rd_atom == a.max_qp_rd_atom &&
+          o->max_res_rd_atom == a.max_res_rd_atom &&
+          o->max_qp_init_rd_atom == a.max_qp_init_rd_atom && o->atomic_cap == a.atomic_cap);
+    CHECK(o->max_mw == a.max_mw && o->max_ah == a.max_ah && o->max_srq == a.max_srq &&
+          o->max_srq_wr == a.max_srq_wr && o->max_srq_sge == a.max_srq_sge &&
+          o->max_pkeys == a.max_pkeys && o->local_ca_ack_delay == a.local_ca_ack_delay &&
+          o->phys_port_cnt == a.phys_port_cnt && o->max_mcast_grp == a.max_mcast_grp);
+    CHECK(x.odp_caps.general_caps == 0 && x.odp_caps.per_transport_caps.rc_odp_caps == 0);
+    CHECK(x.device_cap_flags_ex == a.device_cap_flags);
+
+    struct ibv_port_attr p;
+    CHECK(ibv_query_port(ctx, 1, &p) == 0);
+    CHECK(p.state == IBV_PORT_ACTIVE && p.gid_tbl_len >= 1 && p.pkey_tbl_len == 1);
+    CHECK(p.port_cap_flags & IBV_PORT_CM_SUP);
+    if (p.link_layer == IBV_LINK_LAYER_ETHERNET)
+        CHECK(p.port_cap_flags & IBV_PORT_IP_BASED_GIDS);
+    CHECK(ibv_query_port(ctx, 0, &p) != 0 && ibv_query_port(ctx, 2, &p) != 0);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    CHECK(ibv_query_gid(ctx, 1, p.gid_tbl_len, &gid) != 0 && ibv_query_gid(ctx, 2, 0, &gid) != 0);
+    uint16_t pkey;
+    CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == 0xffff);
+    CHECK(ibv_query_pkey(ctx, 1, 1, &pkey) != 0);
+}
+
+static void family_qp(struct ibv_context *ctx) {
+    struct ibv_device_attr a;
+    CHECK(ibv_query_device(ctx, &a) == 0);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(pd && cq);
+    struct ibv_qp_init_attr base = {0};
+    base.send_cq = cq;
+    base.recv_cq = cq;
+    base.qp_type = IBV_QPT_RC;
+    base.cap.max_send_wr = 1;
+    base.cap.max_recv_wr = 1;
+    base.cap.max_send_sge = 1;
+    base.cap.max_recv_sge = 1;
+    struct ibv_qp_init_attr ia;
+#define REFUSED(field, value)                                                                  \
+    do {                                                                                       \
+        ia = base;                                                                             \
+        ia.field = value;                                                                      \
+        errno = 0;                                                                             \
+        struct ibv_qp *q = ibv_create_qp(pd, &ia);                                             \
+        if (q)                                                                                 \
+            fprintf(stderr, "created a QP with " #field " = %ld\n", (long)(value));          \
+        CHECK(q == NULL && errno == EINVAL);                                                   \
+    } while (0)
+    REFUSED(cap.max_send_wr, (uint32_t)a.max_qp_wr + 1);
+    REFUSED(cap.max_recv_wr, (uint32_t)a.max_qp_wr + 1);
+    REFUSED(cap.max_send_sge, (uint32_t)a.max_sge + 1);
+    REFUSED(cap.max_recv_sge, (uint32_t)a.max_sge + 1);
+    REFUSED(cap.max_inline_data, 1u << 30);
+    REFUSED(send_cq, NULL);
+    REFUSED(recv_cq, NULL);
+#undef REFUSED
+    /* An unknown type: EINVAL, or EOPNOTSUPP as soft-RoCE answers types it lacks. */
+    ia = base;
+    ia.qp_type = 99;
+    errno = 0;
+    CHECK(ibv_create_qp(pd, &ia) == NULL && (errno == EINVAL || errno == EOPNOTSUPP));
+    ia = base;
+    ia.cap.max_send_wr = (uint32_t)a.max_qp_wr;
+    ia.cap.max_recv_wr = (uint32_t)a.max_qp_wr;
+    ia.cap.max_send_sge = (uint32_t)a.max_sge;
+    ia.cap.max_recv_sge = (uint32_t)a.max_sge;
+    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+    CHECK(qp);
+    CHECK(ia.cap.max_send_wr >= (uint32_t)a.max_qp_wr && ia.cap.max_send_sge >= (uint32_t)a.max_sge);
+    CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2);
     struct ibv_context *ctx = open_first_device();
@@ -286,6 +388,10 @@ int main(int argc, char **argv) {
         family_post(ctx);
     else if (!strcmp(argv[1], "cq"))
         family_cq(ctx);
+    else if (!strcmp(argv[1], "query"))
+        family_query(ctx);
+    else if (!strcmp(argv[1], "qp"))
+        family_qp(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);

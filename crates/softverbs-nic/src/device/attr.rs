@@ -49,6 +49,19 @@ pub struct DeviceAttr {
 }
 
 /// `IBV_DEVICE_*` capability bits softverbs sets.
+/// `vendor_id`: a software device has no IEEE OUI; soft-RoCE reports the same value.
+pub const VENDOR_ID: u32 = 0xff_ffff;
+/// `vendor_part_id`: "SV", so programs that tell devices apart by id see a non-zero one.
+pub const VENDOR_PART_ID: u32 = 0x5356;
+
+/// `ibv_port_attr::port_cap_flags` bits.
+pub mod port_cap_flags {
+    /// The connection manager is supported (librdmacm runs over the port).
+    pub const CM_SUP: u32 = 1 << 16;
+    /// The GIDs are IP addresses (every RoCE port; the kernel's `ip_gids`).
+    pub const IP_BASED_GIDS: u32 = 1 << 26;
+}
+
 pub mod cap_flags {
     pub const CURR_QP_STATE_MOD: u32 = 1 << 7;
     pub const PORT_ACTIVE_EVENT: u32 = 1 << 10;
@@ -98,8 +111,8 @@ impl Device {
             sys_image_guid: self.config.node_guid,
             max_mr_size: l.max_mr_size,
             page_size_cap: crate::device_memory::segment::page_size() as u64,
-            vendor_id: 0,
-            vendor_part_id: 0,
+            vendor_id: VENDOR_ID,
+            vendor_part_id: VENDOR_PART_ID,
             hw_ver: 1,
             max_qp: l.max_qp,
             max_qp_wr: l.max_qp_wr,
@@ -142,8 +155,14 @@ impl Device {
             max_mtu: Mtu::Mtu4096,
             active_mtu: self.config.active_mtu,
             gid_tbl_len: self.config.gid_count() as i32,
-            // IsSMDisabled-style bits do not apply; report none.
-            port_cap_flags: 0,
+            // Of the IB port capabilities only the CM's applies (librdmacm works over every
+            // softverbs port), plus IP-based GIDs on RoCE, as the kernel reports them.
+            port_cap_flags: port_cap_flags::CM_SUP
+                | if eth {
+                    port_cap_flags::IP_BASED_GIDS
+                } else {
+                    0
+                },
             max_msg_sz: MAX_MSG_SIZE,
             bad_pkey_cntr: 0,
             qkey_viol_cntr: 0,
