@@ -185,6 +185,14 @@ fn c_conformance_qp_creation() {
     run_c_program_with("conformance", false, &["qp"]);
 }
 
+/// `conformance modify`: `ibv_modify_qp` per transition refuses a missing required
+/// attribute, one the transition does not take and out-of-range values with EINVAL, leaving
+/// the QP in its state.
+#[test]
+fn c_conformance_qp_state_transitions() {
+    run_c_program_with("conformance", false, &["modify"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

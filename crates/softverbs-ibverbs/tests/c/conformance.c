@@ -19,6 +19,10 @@
  *          ODP), the CM supported on the port, bad port, GID and P_Key indexes refused.
  *   qp     ibv_create_qp with each capacity over the device's limit, without CQs, or of an
  *          unknown type: NULL with EINVAL; at the limits it works.
+ *   modify ibv_modify_qp per transition (IBTA 11.2.5 / the kernel's qp_state_table): a
+ *          required attribute missing, an attribute the transition does not take, a bad
+ *          port, MTU, access flag or read/atomic depth: EINVAL and the QP left in its state;
+ *          the minimal masks work.
  *
  * Prints "ok" at the end; any failed CHECK exits 1 with the line. */
 #include "common.h"
@@ -377,6 +381,144 @@ static void family_qp(struct ibv_context *ctx) {
     CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
 }
 
+static enum ibv_qp_state state_of(struct ibv_qp *qp) {
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    CHECK(ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0);
+    return a.qp_state;
+}
+
+/* ibv_modify_qp(qp, a, mask) must fail with EINVAL and leave the state as it was. */
+static void refused(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask, int line) {
+    enum ibv_qp_state before = state_of(qp);
+    int r = ibv_modify_qp(qp, a, mask);
+    if (r != EINVAL)
+        fprintf(stderr, "line %d: ibv_modify_qp returned %d, not EINVAL\n", line, r);
+    CHECK(r == EINVAL && state_of(qp) == before);
+}
+#define REFUSED(qp, a, mask) refused(qp, a, mask, __LINE__)
+
+static void family_modify(struct ibv_context *ctx) {
+    struct ibv_device_attr da;
+    CHECK(ibv_query_device(ctx, &da) == 0);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(pd && cq);
+    struct ibv_qp *qa, *qb;
+    create_rc_pair(pd, cq, &qa, &qb);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+
+    /* RESET -> INIT: PKEY_INDEX, PORT, ACCESS_FLAGS are required. */
+    struct ibv_qp_attr a = {0};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    REFUSED(qa, &a, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    REFUSED(qa, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS);
+    REFUSED(qa, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT);
+    int init = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    /* ... and takes nothing of RTR's or RTS's. */
+    a.sq_psn = 1;
+    REFUSED(qa, &a, init | IBV_QP_SQ_PSN);
+    REFUSED(qa, &a, init | IBV_QP_DEST_QPN);
+    a.port_num = 2;
+    REFUSED(qa, &a, init);
+    a.port_num = 0;
+    REFUSED(qa, &a, init);
+    a.port_num = 1;
+    a.pkey_index = 1; /* the table has one entry */
+    REFUSED(qa, &a, init);
+    a.pkey_index = 0;
+    a.qp_access_flags = 1 << 30; /* no such right */
+    REFUSED(qa, &a, init);
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    CHECK(ibv_modify_qp(qa, &a, init) == 0 && state_of(qa) == IBV_QPS_INIT);
+    /* INIT -> INIT takes the same attributes, all optional. */
+    CHECK(ibv_modify_qp(qa, &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS) == 0);
+    /* INIT -> RTS skips a state. */
+    struct ibv_qp_attr r = {0};
+    r.qp_state = IBV_QPS_RTS;
+    REFUSED(qa, &r, IBV_QP_STATE);
+
+    /* INIT -> RTR (RC): AV, PATH_MTU, DEST_QPN, RQ_PSN, MAX_DEST_RD_ATOMIC, MIN_RNR_TIMER. */
+    r.qp_state = IBV_QPS_RTR;
+    r.path_mtu = IBV_MTU_1024;
+    r.dest_qp_num = qb->qp_num;
+    r.max_dest_rd_atomic = 1;
+    r.min_rnr_timer = 12;
+    r.ah_attr.is_global = 1;
+    r.ah_attr.grh.dgid = gid;
+    r.ah_attr.grh.hop_limit = 1;
+    r.ah_attr.port_num = 1;
+    int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    int required[] = {IBV_QP_AV, IBV_QP_PATH_MTU, IBV_QP_DEST_QPN, IBV_QP_RQ_PSN,
+                      IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QP_MIN_RNR_TIMER};
+    for (unsigned i = 0; i < sizeof required / sizeof required[0]; i++)
+        REFUSED(qa, &r, rtr & ~required[i]);
+    REFUSED(qa, &r, rtr | IBV_QP_SQ_PSN); /* an RTS attribute */
+    REFUSED(qa, &r, rtr | IBV_QP_TIMEOUT);
+    struct ibv_port_attr pa;
+    CHECK(ibv_query_port(ctx, 1, &pa) == 0);
+    r.path_mtu = (enum ibv_mtu)(pa.max_mtu + 1);
+    REFUSED(qa, &r, rtr);
+    r.path_mtu = (enum ibv_mtu)0;
+    REFUSED(qa, &r, rtr);
+    r.path_mtu = IBV_MTU_1024;
+    r.max_dest_rd_atomic = (uint8_t)(da.max_qp_rd_atom + 1);
+    REFUSED(qa, &r, rtr);
+    r.max_dest_rd_atomic = 1;
+    r.ah_attr.port_num = 2;
+    REFUSED(qa, &r, rtr);
+    r.ah_attr.port_num = 1;
+    CHECK(ibv_modify_qp(qa, &r, rtr) == 0 && state_of(qa) == IBV_QPS_RTR);
+
+    /* RTR -> RTS: SQ_PSN, TIMEOUT, RETRY_CNT, RNR_RETRY, MAX_QP_RD_ATOMIC. */
+    struct ibv_qp_attr t = {0};
+    t.qp_state = IBV_QPS_RTS;
+    t.timeout = 14;
+    t.retry_cnt = 7;
+    t.rnr_retry = 7;
+    t.max_rd_atomic = 1;
+    int rts = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+              IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+    int rts_required[] = {IBV_QP_SQ_PSN, IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY,
+                          IBV_QP_MAX_QP_RD_ATOMIC};
+    for (unsigned i = 0; i < sizeof rts_required / sizeof rts_required[0]; i++)
+        REFUSED(qa, &t, rts & ~rts_required[i]);
+    REFUSED(qa, &t, rts | IBV_QP_DEST_QPN); /* an RTR attribute */
+    t.max_rd_atomic = (uint8_t)(da.max_qp_init_rd_atom + 1);
+    REFUSED(qa, &t, rts);
+    t.max_rd_atomic = 1;
+    t.retry_cnt = 8; /* three bits */
+    REFUSED(qa, &t, rts);
+    t.retry_cnt = 7;
+    t.rnr_retry = 8;
+    REFUSED(qa, &t, rts);
+    t.rnr_retry = 7;
+    t.timeout = 32; /* five bits */
+    REFUSED(qa, &t, rts);
+    t.timeout = 14;
+    CHECK(ibv_modify_qp(qa, &t, rts) == 0 && state_of(qa) == IBV_QPS_RTS);
+    /* RTS -> RTS: only the optional attributes; a path MTU is not one of them. */
+    struct ibv_qp_attr u = {0};
+    u.qp_state = IBV_QPS_RTS;
+    u.path_mtu = IBV_MTU_512;
+    REFUSED(qa, &u, IBV_QP_STATE | IBV_QP_PATH_MTU);
+    u.min_rnr_timer = 3;
+    CHECK(ibv_modify_qp(qa, &u, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER) == 0);
+    /* Any state -> RESET and -> ERR. */
+    u.qp_state = IBV_QPS_ERR;
+    CHECK(ibv_modify_qp(qa, &u, IBV_QP_STATE) == 0 && state_of(qa) == IBV_QPS_ERR);
+    u.qp_state = IBV_QPS_RTS;
+    REFUSED(qa, &u, IBV_QP_STATE);
+    u.qp_state = IBV_QPS_RESET;
+    CHECK(ibv_modify_qp(qa, &u, IBV_QP_STATE) == 0 && state_of(qa) == IBV_QPS_RESET);
+    CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2);
     struct ibv_context *ctx = open_first_device();
@@ -392,6 +534,8 @@ int main(int argc, char **argv) {
         family_query(ctx);
     else if (!strcmp(argv[1], "qp"))
         family_qp(ctx);
+    else if (!strcmp(argv[1], "modify"))
+        family_modify(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);
