@@ -11,11 +11,14 @@
 //! - a thread that writes the range (or a neighbouring heap object in the same pages) between
 //!   the copy and the remap loses that write (softverbs' own threads avoid this through
 //!   [`sv_softverbs_inplace_exclusive`]; the program's threads are the program's);
-//! - the pages are shared, not copy-on-write, with a child made by `fork` (rdma-core marks
-//!   MR pages don't-fork for a similar reason);
 //! - after the last registration of a range is gone its memfd is closed; the mapping stays
 //!   (the program's memory is intact) but a later registration of it falls back to
 //!   cross-memory attach.
+//!
+//! A child made by `fork` gets its own private copy of every moved range (a `pthread_atfork`
+//! handler remaps them in the child), as the kernel copies pinned pages into a child since
+//! Linux 5.13: the parent's registrations keep working, the child's writes stay its own, and
+//! `ibv_is_fork_initialized` truthfully answers `IBV_FORK_UNNEEDED`.
 //!
 //! `SOFTVERBS_IBVERBS_INPLACE=0` turns this off.
 
@@ -33,6 +36,72 @@ struct Moved {
 }
 
 static MOVED: Mutex<Vec<Moved>> = Mutex::new(Vec::new());
+
+std::thread_local! {
+    /// The lock on [`MOVED`] held by the forking thread from `prepare_fork` until the parent
+    /// or the child handler drops it, so no registration is half done in the child.
+    static HELD_FOR_FORK: std::cell::RefCell<Option<std::sync::MutexGuard<'static, Vec<Moved>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+extern "C" fn prepare_fork() {
+    let held = MOVED.lock().unwrap_or_else(|e| e.into_inner());
+    HELD_FOR_FORK.with(|h| *h.borrow_mut() = Some(held));
+}
+
+extern "C" fn parent_after_fork() {
+    HELD_FOR_FORK.with(|h| drop(h.borrow_mut().take()));
+}
+
+/// In the child: each moved range becomes private anonymous memory holding the same bytes,
+/// and the child forgets the memfds (it has no registrations of its own).
+extern "C" fn child_after_fork() {
+    HELD_FOR_FORK.with(|h| {
+        if let Some(mut moved) = h.borrow_mut().take() {
+            for m in moved.iter() {
+                privatize(m.start, m.len);
+            }
+            moved.clear();
+        }
+    });
+}
+
+/// Replaces the shared mapping at `start..start + len` with a private copy of its bytes.
+fn privatize(start: usize, len: usize) {
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // SAFETY: a new private mapping at an address of the kernel's choosing.
+    let tmp = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
+    if tmp == libc::MAP_FAILED {
+        return; // the child keeps sharing the pages, as before this handler existed
+    }
+    // SAFETY: `start..start + len` is a moved range, mapped read-write; `tmp` has `len`
+    // bytes. mremap then moves the copy over the range in one step, replacing the shared
+    // mapping.
+    unsafe {
+        std::ptr::copy_nonoverlapping(start as *const u8, tmp as *mut u8, len);
+        let fixed = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+        if libc::mremap(tmp, len, len, fixed, start as *mut libc::c_void) == libc::MAP_FAILED {
+            libc::munmap(tmp, len);
+        }
+    }
+}
+
+/// Installs the fork handlers once, before the first range is moved.
+fn handle_fork() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handlers are `extern "C"` functions with no arguments that live for
+        // the whole process.
+        unsafe {
+            libc::pthread_atfork(
+                Some(prepare_fork),
+                Some(parent_after_fork),
+                Some(child_after_fork),
+            )
+        };
+    });
+}
 
 fn page() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -91,6 +160,7 @@ pub fn acquire(addr: usize, len: usize, maps: Option<&Mappings>) -> Option<Backi
     if !maps.is_some_and(|m| m.private_anon(start, end)) {
         return None;
     }
+    handle_fork();
     let size = end - start;
     // SAFETY: memfd_create with a NUL-terminated name.
     let raw = unsafe { libc::memfd_create(c"softverbs-mr".as_ptr(), libc::MFD_CLOEXEC) };

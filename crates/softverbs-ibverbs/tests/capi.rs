@@ -193,6 +193,14 @@ fn c_conformance_qp_state_transitions() {
     run_c_program_with("conformance", false, &["modify"]);
 }
 
+/// `conformance fork`: `ibv_is_fork_initialized` says `IBV_FORK_UNNEEDED`, and it is true: a
+/// child's writes to registered memory stay in the child, and the parent's registrations
+/// keep working after the fork.
+#[test]
+fn c_conformance_fork() {
+    run_c_program_with("conformance", false, &["fork"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

@@ -541,16 +541,20 @@ pub unsafe extern "C" fn sv__ibv_query_gid_table(
     n as isize
 }
 
-// ---- Fork support: nothing to do (MRs are plain memory) -------------------------------------
+// ---- Fork support: a child gets copies of registered memory (see `inplace`) -----------------
 
+/// Nothing to set up: registered memory is copied into a child at `fork` anyway (the
+/// kernel's copy-on-fork of pinned pages), so, as rdma-core on such a kernel, success.
 #[unsafe(no_mangle)]
 pub extern "C" fn sv_ibv_fork_init() -> c_int {
     0
 }
 
+/// `IBV_FORK_UNNEEDED`: a child made by `fork` has its own copy of every registered page
+/// and the parent's registrations keep working (see `inplace`).
 #[unsafe(no_mangle)]
 pub extern "C" fn sv_ibv_is_fork_initialized() -> c_int {
-    0 // IBV_FORK_DISABLED
+    2
 }
 
 #[unsafe(no_mangle)]

@@ -19,6 +19,9 @@
  *          ODP), the CM supported on the port, bad port, GID and P_Key indexes refused.
  *   qp     ibv_create_qp with each capacity over the device's limit, without CQs, or of an
  *          unknown type: NULL with EINVAL; at the limits it works.
+ *   fork   ibv_fork_init / ibv_is_fork_initialized: IBV_FORK_UNNEEDED, and true: a child made
+ *          by fork writes its own copy of registered memory (the parent's bytes do not
+ *          change), and RDMA into the parent's region still lands after the fork.
  *   modify ibv_modify_qp per transition (IBTA 11.2.5 / the kernel's qp_state_table): a
  *          required attribute missing, an attribute the transition does not take, a bad
  *          port, MTU, access flag or read/atomic depth: EINVAL and the QP left in its state;
@@ -27,6 +30,7 @@
  * Prints "ok" at the end; any failed CHECK exits 1 with the line. */
 #include "common.h"
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
@@ -519,6 +523,57 @@ static void family_modify(struct ibv_context *ctx) {
     CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
 }
 
+static void family_fork(struct ibv_context *ctx) {
+    CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(pd && cq);
+    struct ibv_qp *qa, *qb;
+    create_rc_pair(pd, cq, &qa, &qb);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    connect_rc_pair(qa, qb, &gid, RC_ACCESS_ALL);
+    size_t len = 8192;
+    char *target = malloc(len), *src = malloc(len);
+    CHECK(target && src);
+    struct ibv_mr *tmr = ibv_reg_mr(pd, target, len, RC_ACCESS_ALL);
+    struct ibv_mr *smr = ibv_reg_mr(pd, src, len, RC_ACCESS_ALL);
+    CHECK(tmr && smr);
+    memset(target, 'P', len);
+
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        /* The child's copy: its writes are its own. */
+        memset(target, 'C', len);
+        _exit(target[0] == 'C' && target[len - 1] == 'C' ? 0 : 3);
+    }
+    int st = 0;
+    CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    for (size_t i = 0; i < len; i++)
+        CHECK(target[i] == 'P');
+
+    /* The parent's registrations still work: an RDMA WRITE lands in the parent. */
+    memset(src, 'W', len);
+    struct ibv_sge sge = {(uintptr_t)src, (uint32_t)len, smr->lkey};
+    struct ibv_send_wr wr = {0};
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = (uintptr_t)target;
+    wr.wr.rdma.rkey = tmr->rkey;
+    post(qa, &wr);
+    struct ibv_wc wc = poll1(cq);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE);
+    for (size_t i = 0; i < len; i++)
+        CHECK(target[i] == 'W');
+    CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
+    CHECK(ibv_dereg_mr(tmr) == 0 && ibv_dereg_mr(smr) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+    free(target);
+    free(src);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2);
     struct ibv_context *ctx = open_first_device();
@@ -536,6 +591,8 @@ int main(int argc, char **argv) {
         family_qp(ctx);
     else if (!strcmp(argv[1], "modify"))
         family_modify(ctx);
+    else if (!strcmp(argv[1], "fork"))
+        family_fork(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);
