@@ -201,6 +201,13 @@ fn c_conformance_fork() {
     run_c_program_with("conformance", false, &["fork"]);
 }
 
+/// `conformance rereg`: each of `ibv_rereg_mr`'s seven flag combinations, followed by
+/// traffic with the keys it returns (the new translation, PD and rights take effect).
+#[test]
+fn c_conformance_rereg_mr() {
+    run_c_program_with("conformance", false, &["rereg"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

@@ -19,6 +19,9 @@
  *          ODP), the CM supported on the port, bad port, GID and P_Key indexes refused.
  *   qp     ibv_create_qp with each capacity over the device's limit, without CQs, or of an
  *          unknown type: NULL with EINVAL; at the limits it works.
+ *   rereg  ibv_rereg_mr with each of the seven flag combinations, each followed by traffic
+ *          with the keys it returns: an RDMA WRITE lands in the new translation through a QP
+ *          of the new PD, and an RDMA READ works exactly when the new rights allow it.
  *   fork   ibv_fork_init / ibv_is_fork_initialized: IBV_FORK_UNNEEDED, and true: a child made
  *          by fork writes its own copy of registered memory (the parent's bytes do not
  *          change), and RDMA into the parent's region still lands after the fork.
@@ -523,6 +526,90 @@ static void family_modify(struct ibv_context *ctx) {
     CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
 }
 
+/* A connected RC pair in one PD, a CQ, and a registered source buffer. */
+struct pair {
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+    struct ibv_qp *qa, *qb;
+    char *src;
+    struct ibv_mr *smr;
+};
+
+static void pair_open(struct ibv_context *ctx, struct pair *p, union ibv_gid *gid) {
+    p->pd = ibv_alloc_pd(ctx);
+    p->cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(p->pd && p->cq);
+    create_rc_pair(p->pd, p->cq, &p->qa, &p->qb);
+    connect_rc_pair(p->qa, p->qb, gid, RC_ACCESS_ALL);
+    p->src = malloc(4096);
+    CHECK(p->src);
+    p->smr = ibv_reg_mr(p->pd, p->src, 4096, RC_ACCESS_ALL);
+    CHECK(p->smr);
+}
+
+static void pair_close(struct pair *p) {
+    CHECK(ibv_destroy_qp(p->qa) == 0 && ibv_destroy_qp(p->qb) == 0);
+    CHECK(ibv_dereg_mr(p->smr) == 0 && ibv_destroy_cq(p->cq) == 0);
+    CHECK(ibv_dealloc_pd(p->pd) == 0);
+    free(p->src);
+}
+
+/* An RDMA op of `len` bytes between the pair's source and (addr, rkey); its status. */
+static enum ibv_wc_status rdma(struct pair *p, enum ibv_wr_opcode op, void *addr, uint32_t len,
+                               uint32_t rkey) {
+    struct ibv_sge sge = {(uintptr_t)p->src, len, p->smr->lkey};
+    struct ibv_send_wr wr = {0};
+    wr.opcode = op;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = (uintptr_t)addr;
+    wr.wr.rdma.rkey = rkey;
+    post(p->qa, &wr);
+    return poll1(p->cq).status;
+}
+
+static void family_rereg(struct ibv_context *ctx) {
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    for (int flags = 1; flags <= 7; flags++) {
+        struct pair p1, p2;
+        pair_open(ctx, &p1, &gid);
+        pair_open(ctx, &p2, &gid);
+        char *b1 = calloc(1, 4096), *b2 = calloc(1, 4096);
+        CHECK(b1 && b2);
+        int wr_only = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+        struct ibv_mr *mr = ibv_reg_mr(p1.pd, b1, 4096, wr_only);
+        CHECK(mr);
+        int access = wr_only | IBV_ACCESS_REMOTE_READ;
+        CHECK(ibv_rereg_mr(mr, flags, p2.pd, b2, 2048, access) == 0);
+        struct pair *p = flags & IBV_REREG_MR_CHANGE_PD ? &p2 : &p1;
+        char *at = flags & IBV_REREG_MR_CHANGE_TRANSLATION ? b2 : b1;
+        uint32_t len = flags & IBV_REREG_MR_CHANGE_TRANSLATION ? 2048 : 4096;
+        CHECK(mr->pd == p->pd && mr->addr == at && mr->length == len);
+        memset(p->src, 'a' + flags, len);
+        CHECK(rdma(p, IBV_WR_RDMA_WRITE, at, len, mr->rkey) == IBV_WC_SUCCESS);
+        for (uint32_t i = 0; i < len; i++)
+            CHECK(at[i] == 'a' + flags);
+        /* A READ works exactly when the new rights have REMOTE_READ; then a WRITE past
+         * the new length is refused (either failure ends p's QPs, so it comes last). */
+        if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+            CHECK(rdma(p, IBV_WR_RDMA_READ, at, 64, mr->rkey) == IBV_WC_SUCCESS);
+            CHECK(rdma(p, IBV_WR_RDMA_WRITE, at + len - 8, 16, mr->rkey) ==
+                  IBV_WC_REM_ACCESS_ERR);
+        } else {
+            CHECK(rdma(p, IBV_WR_RDMA_READ, at, 64, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
+        }
+        /* Moved to another PD: the old PD's QPs no longer reach it. */
+        if (flags & IBV_REREG_MR_CHANGE_PD)
+            CHECK(rdma(&p1, IBV_WR_RDMA_WRITE, at, 8, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
+        CHECK(ibv_dereg_mr(mr) == 0);
+        pair_close(&p1);
+        pair_close(&p2);
+        free(b1);
+        free(b2);
+    }
+}
+
 static void family_fork(struct ibv_context *ctx) {
     CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED);
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
@@ -593,6 +680,8 @@ int main(int argc, char **argv) {
         family_modify(ctx);
     else if (!strcmp(argv[1], "fork"))
         family_fork(ctx);
+    else if (!strcmp(argv[1], "rereg"))
+        family_rereg(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);
