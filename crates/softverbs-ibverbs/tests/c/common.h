@@ -31,18 +31,25 @@ static inline struct ibv_context *open_first_device(void) {
     return ctx;
 }
 
-/* Two RC QPs whose sends and receives both complete on `cq`, 16 work requests of one SGE
+/* An RC QP's creation attributes: both queues on `cq`, `wr` work requests of `sge` SGEs
  * each way. */
-static inline void create_rc_pair(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_qp **qa,
-                                  struct ibv_qp **qb) {
+static inline struct ibv_qp_init_attr rc_init_attr(struct ibv_cq *cq, uint32_t wr, uint32_t sge) {
     struct ibv_qp_init_attr ia = {0};
     ia.send_cq = cq;
     ia.recv_cq = cq;
     ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = 16;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
+    ia.cap.max_send_wr = wr;
+    ia.cap.max_recv_wr = wr;
+    ia.cap.max_send_sge = sge;
+    ia.cap.max_recv_sge = sge;
+    return ia;
+}
+
+/* Two RC QPs whose sends and receives both complete on `cq`, 16 work requests of one SGE
+ * each way. */
+static inline void create_rc_pair(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_qp **qa,
+                                  struct ibv_qp **qb) {
+    struct ibv_qp_init_attr ia = rc_init_attr(cq, 16, 1);
     *qa = ibv_create_qp(pd, &ia);
     *qb = ibv_create_qp(pd, &ia);
     CHECK(*qa && *qb);

@@ -121,13 +121,8 @@ static void family_busy(struct ibv_context *ctx) {
     sa.attr.max_sge = 1;
     struct ibv_srq *srq = ibv_create_srq(pd, &sa);
     CHECK(srq);
-    struct ibv_qp_init_attr ia = {0};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
+    struct ibv_qp_init_attr ia = rc_init_attr(cq, 4, 1);
     ia.srq = srq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 4;
-    ia.cap.max_send_sge = 1;
     struct ibv_qp *qp = ibv_create_qp(pd, &ia);
     CHECK(qp);
     CHECK(ibv_destroy_cq(cq) == EBUSY);
@@ -164,14 +159,7 @@ static void family_post(struct ibv_context *ctx) {
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
     struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
     CHECK(pd && cq);
-    struct ibv_qp_init_attr ia = {0};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 8;
-    ia.cap.max_recv_wr = 8;
-    ia.cap.max_send_sge = 2;
-    ia.cap.max_recv_sge = 2;
+    struct ibv_qp_init_attr ia = rc_init_attr(cq, 8, 2);
     ia.cap.max_inline_data = 32;
     struct ibv_qp *qa = ibv_create_qp(pd, &ia);
     CHECK(qa);
@@ -345,14 +333,7 @@ static void family_qp(struct ibv_context *ctx) {
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
     struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
     CHECK(pd && cq);
-    struct ibv_qp_init_attr base = {0};
-    base.send_cq = cq;
-    base.recv_cq = cq;
-    base.qp_type = IBV_QPT_RC;
-    base.cap.max_send_wr = 1;
-    base.cap.max_recv_wr = 1;
-    base.cap.max_send_sge = 1;
-    base.cap.max_recv_sge = 1;
+    struct ibv_qp_init_attr base = rc_init_attr(cq, 1, 1);
     struct ibv_qp_init_attr ia;
 #define REFUSED(field, value)                                                                  \
     do {                                                                                       \
