@@ -225,11 +225,37 @@ fn describe(o: &mut String, dev: &Device, verbose: bool) -> Result<()> {
         line!("\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
         // Not an ibv_devinfo line: the largest inline payload a QP may request.
         line!("\tmax_inline_data:\t\t{}", a.max_inline_data);
-        // No on-demand paging.
+        // On-demand paging, in ibv_devinfo's words.
+        let o = a.odp_caps;
         line!("\tgeneral_odp_caps:");
-        for t in ["rc", "uc", "ud", "xrc"] {
+        for (bit, name) in [(1, "ODP_SUPPORT"), (2, "ODP_SUPPORT_IMPLICIT")] {
+            if o.general_caps & bit != 0 {
+                line!("\t\t\t\t\t{name}");
+            }
+        }
+        let ops = [
+            (1, "SEND"),
+            (2, "RECV"),
+            (4, "WRITE"),
+            (8, "READ"),
+            (16, "ATOMIC"),
+            (32, "SRQ"),
+        ];
+        for (t, caps) in [
+            ("rc", o.rc_odp_caps),
+            ("uc", o.uc_odp_caps),
+            ("ud", o.ud_odp_caps),
+            ("xrc", 0),
+        ] {
             line!("\t{t}_odp_caps:");
-            line!("\t\t\t\t\tNO SUPPORT");
+            if caps == 0 {
+                line!("\t\t\t\t\tNO SUPPORT");
+            }
+            for (bit, name) in ops {
+                if caps & bit != 0 {
+                    line!("\t\t\t\t\tSUPPORT_{name}");
+                }
+            }
         }
         if a.completion_timestamp_mask != 0 {
             line!(

@@ -40,6 +40,7 @@ pub type PostRecv =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type CreateQpEx =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+pub type AdviseMr = unsafe extern "C" fn(*mut ibv_pd, c_int, u32, *mut ibv_sge, u32) -> c_int;
 pub type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 
 /// `struct ibv_context_ops`: 32 pointers; only the data-path ones are filled.
@@ -74,8 +75,9 @@ pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPort>,
-    /// `advise_mr` … `create_wq`.
-    pub _ex0: [Slot; 23],
+    pub advise_mr: Option<AdviseMr>,
+    /// `alloc_null_mr` … `create_wq`.
+    pub _ex0: [Slot; 22],
     pub query_rt_values: Option<QueryRtValues>,
     pub create_cq_ex: Option<CreateCqEx>,
     pub priv_: *mut c_void,

@@ -208,6 +208,12 @@ fn c_conformance_rereg_mr() {
     run_c_program_with("conformance", false, &["rereg"]);
 }
 
+/// `conformance odp`: on-demand paging, explicit and implicit (see the file's head).
+#[test]
+fn c_on_demand_paging() {
+    run_c_program_with("conformance", false, &["odp"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

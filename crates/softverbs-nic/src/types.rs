@@ -34,7 +34,8 @@ impl AccessFlags {
         .union(AccessFlags::REMOTE_READ)
         .union(AccessFlags::REMOTE_ATOMIC)
         .union(AccessFlags::ZERO_BASED)
-        .union(AccessFlags::HUGETLB);
+        .union(AccessFlags::HUGETLB)
+        .union(AccessFlags::ON_DEMAND);
     /// Optional bits (in [`OPTIONAL_RANGE`](Self::OPTIONAL_RANGE)) this device implements:
     /// they take effect; the other optional bits are dropped.
     pub const SUPPORTED_OPTIONAL: AccessFlags = AccessFlags::RELAXED_ORDERING;

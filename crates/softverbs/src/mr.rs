@@ -29,8 +29,11 @@ impl ProtectionDomain {
     ///
     /// Access rules: unknown bits and `REMOTE_WRITE`/`REMOTE_ATOMIC` without `LOCAL_WRITE` are
     /// `Error::InvalidArgument` (EINVAL); known bits the device lacks (`MW_BIND`,
-    /// `ON_DEMAND`, `FLUSH_*`) are `Error::Unsupported`; optional bits 20..=29 the device
-    /// lacks are dropped — [`MemoryRegion::access`] tells which bits took effect.
+    /// `FLUSH_*`) are `Error::Unsupported`; optional bits 20..=29 the device lacks are
+    /// dropped — [`MemoryRegion::access`] tells which bits took effect. `ON_DEMAND` regions
+    /// are reached through cross-memory attach, so pages that are not mapped when the NIC
+    /// needs them give error completions rather than faults (see
+    /// [`reg_mr_raw`](Self::reg_mr_raw) for memory that need not be mapped at all).
     pub fn reg_mr<'a>(&self, buf: &'a mut [u8], access: AccessFlags) -> Result<MemoryRegion<'a>> {
         let addr = buf.as_mut_ptr() as usize;
         self.reg_mr_iova(buf, addr as u64, access)
@@ -78,7 +81,10 @@ impl ProtectionDomain {
         self.reg_mr_iova(buf, iova, AccessFlags::from_bits_retain(access))
     }
 
-    /// Registers raw memory, as C programs do.
+    /// Registers raw memory, as C programs do. With `ON_DEMAND` the memory need not be
+    /// mapped (a page that is not, when an operation reaches it, is an error completion), and
+    /// `addr` NULL with `len` `usize::MAX` is an implicit region over the whole address
+    /// space, addressed by virtual address.
     ///
     /// # Safety
     /// `addr..addr + len` must stay valid for reads and writes until the returned region is

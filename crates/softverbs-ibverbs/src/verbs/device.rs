@@ -80,7 +80,8 @@ pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv
     let vctx = verbs_context {
         create_qp_ex: Some(create_qp_ex),
         query_port: Some(vctx_query_port),
-        _ex0: [None; 23],
+        advise_mr: Some(super::mr::advise_mr),
+        _ex0: [None; 22],
         query_rt_values: Some(query_rt_values),
         create_cq_ex: Some(create_cq_ex),
         priv_: null_mut(),
@@ -428,7 +429,12 @@ unsafe extern "C" fn query_device_ex(
     let out = ibv_device_attr_ex {
         orig_attr: orig,
         comp_mask: 0,
-        odp_caps: Default::default(),
+        odp_caps: ibv_odp_caps {
+            general_caps: a.odp_caps.general_caps,
+            rc_odp_caps: a.odp_caps.rc_odp_caps,
+            uc_odp_caps: a.odp_caps.uc_odp_caps,
+            ud_odp_caps: a.odp_caps.ud_odp_caps,
+        },
         completion_timestamp_mask: a.completion_timestamp_mask,
         hca_core_clock: a.hca_core_clock,
         device_cap_flags_ex: u64::from(a.device_cap_flags),

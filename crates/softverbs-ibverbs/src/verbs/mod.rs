@@ -12,7 +12,7 @@ use softverbs_nic::cq::{Channel, Cq, Cqe};
 use softverbs_nic::device::Context;
 use softverbs_nic::device::Device;
 use softverbs_nic::device::event::EventElement;
-use softverbs_nic::pd::{Mr, Pd};
+use softverbs_nic::pd::{Mr, Pd, Prefetch};
 use softverbs_nic::qp::wr::{Payload, SendOp, SendWqe, UdDest};
 use softverbs_nic::qp::{Qp, QpAttr, QpCap, QpInit};
 use softverbs_nic::types::{

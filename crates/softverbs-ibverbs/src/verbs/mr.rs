@@ -86,6 +86,14 @@ pub(super) unsafe fn register(
     iova: u64,
     access: c_uint,
 ) -> softverbs_nic::Result<(Mr, Option<softverbs_nic::mr::keys::Backing>)> {
+    // An on-demand region is neither checked nor moved: its pages need not exist yet (an
+    // implicit one covers the whole address space), and the NIC reaches them by
+    // cross-memory attach, which reports a missing page as an error completion.
+    if access & AccessFlags::ON_DEMAND.bits() != 0 {
+        // SAFETY: forwarded; no byte of an on-demand region is touched directly.
+        return unsafe { pd.reg_mr(addr as usize, length, iova, access, None) }
+            .map(|nic| (nic, None));
+    }
     let maps = crate::maps::Mappings::read();
     if length > 0
         && let Some(m) = &maps
@@ -322,4 +330,45 @@ pub unsafe extern "C" fn sv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     // SAFETY: `mr` came from `new_mr` (Box::into_raw of an SvMr) and was live until now.
     drop(unsafe { Box::from_raw(mr as *mut SvMr) });
     0
+}
+
+/// `verbs_context::advise_mr`, reached by the header's inline `ibv_advise_mr`: prefetches
+/// the pages of on-demand regions (see the NIC's `Pd::prefetch`); always synchronous, so
+/// `IBV_ADVISE_MR_FLAG_FLUSH` changes nothing.
+pub(super) unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: c_int,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    /// `IBV_ADVISE_MR_FLAG_FLUSH`.
+    const FLUSH: u32 = 1;
+    let advice = match advice {
+        0 => Prefetch::Read,
+        1 => Prefetch::Write,
+        2 => Prefetch::NoFault,
+        _ => return EINVAL,
+    };
+    // SAFETY: the caller's PD (NULL or ours).
+    let Some(nic) = (unsafe { nic_pd(pd) }) else {
+        return EINVAL;
+    };
+    if flags & !FLUSH != 0 || num_sge == 0 || sg_list.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: the caller's list of `num_sge` SGEs.
+    let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+    let sges: Vec<Sge> = list
+        .iter()
+        .map(|g| Sge {
+            addr: g.addr,
+            length: g.length,
+            lkey: g.lkey,
+        })
+        .collect();
+    match nic.prefetch(advice, &sges) {
+        Ok(()) => 0,
+        Err(e) => e.errno(),
+    }
 }

@@ -95,6 +95,8 @@ pub unsafe extern "C" fn sv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: `qp` came from `sv_ibv_create_qp` (Box::into_raw of an SvQp).
     let b = unsafe { Box::from_raw(qp as *mut SvQp) };
     Registry::set(&b.reg.qps, b.nic.qpn(), 0);
+    // Its CQs, SRQ and PD are free to go now, even if the NIC still holds it a moment.
+    b.nic.release_uses();
     0
 }
 

@@ -97,5 +97,6 @@ pub unsafe extern "C" fn sv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     // SAFETY: `srq` came from `sv_ibv_create_srq` (Box::into_raw of an SvSrq).
     let b = unsafe { Box::from_raw(srq as *mut SvSrq) };
     Registry::set(&b.reg.srqs, b.nic.id(), 0);
+    b.nic.release_uses();
     0
 }

@@ -15,8 +15,13 @@
  *          have, and out-of-range sizes: NULL with EINVAL; every vector it has works.
  *   query  ibv_query_device / _ex / ibv_query_port / ibv_query_gid / ibv_query_pkey: non-zero
  *          vendor and part ids, the _ex call's orig_attr the same as the plain one, no
- *          capability advertised that is not implemented (memory windows, XRC, multicast,
- *          ODP), the CM supported on the port, bad port, GID and P_Key indexes refused.
+ *          capability advertised that is not implemented (memory windows, XRC, multicast),
+ *          the CM supported on the port, bad port, GID and P_Key indexes refused.
+ *   odp    on-demand paging: the caps; RDMA WRITE and READ into memory never touched, through
+ *          an explicit region and an implicit one over the whole address space (also an
+ *          atomic and a SEND from unregistered memory); memory unmapped after registration
+ *          gives IBV_WC_REM_ACCESS_ERR; ibv_advise_mr prefetches, refuses a non-ODP region
+ *          (EINVAL) and unmapped memory (EFAULT).
  *   qp     ibv_create_qp with each capacity over the device's limit, without CQs, or of an
  *          unknown type: NULL with EINVAL; at the limits it works.
  *   rereg  ibv_rereg_mr with each of the seven flag combinations, each followed by traffic
@@ -309,7 +314,8 @@ static void family_query(struct ibv_context *ctx) {
           o->max_srq_wr == a.max_srq_wr && o->max_srq_sge == a.max_srq_sge &&
           o->max_pkeys == a.max_pkeys && o->local_ca_ack_delay == a.local_ca_ack_delay &&
           o->phys_port_cnt == a.phys_port_cnt && o->max_mcast_grp == a.max_mcast_grp);
-    CHECK(x.odp_caps.general_caps == 0 && x.odp_caps.per_transport_caps.rc_odp_caps == 0);
+    /* On-demand paging is implemented (the odp family uses it): advertised. */
+    CHECK(x.odp_caps.general_caps & IBV_ODP_SUPPORT);
     CHECK(x.device_cap_flags_ex == a.device_cap_flags);
 
     struct ibv_port_attr p;
@@ -591,6 +597,110 @@ static void family_rereg(struct ibv_context *ctx) {
     }
 }
 
+static void family_odp(struct ibv_context *ctx) {
+    struct ibv_device_attr_ex x;
+    CHECK(ibv_query_device_ex(ctx, NULL, &x) == 0);
+    CHECK((x.odp_caps.general_caps & (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT)) ==
+          (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT));
+    uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                  IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_SRQ_RECV;
+    CHECK((x.odp_caps.per_transport_caps.rc_odp_caps & rc) == rc);
+    /* Not promised: a peer process cannot update plain memory atomically. */
+    CHECK(!(x.odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_ATOMIC));
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    int odp = IBV_ACCESS_ON_DEMAND | RC_ACCESS_ALL;
+    size_t pg = page_size(), big = 1 << 20;
+
+    /* Explicit: a mapping never touched. */
+    struct pair p;
+    pair_open(ctx, &p, &gid);
+    char *fresh = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(fresh != MAP_FAILED);
+    struct ibv_mr *mr = ibv_reg_mr(p.pd, fresh, big, odp);
+    CHECK(mr);
+    memset(p.src, 'o', 4096);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, fresh + big / 2, 4096, mr->rkey) == IBV_WC_SUCCESS);
+    for (int i = 0; i < 4096; i++)
+        CHECK(fresh[big / 2 + i] == 'o');
+    CHECK(rdma(&p, IBV_WR_RDMA_READ, fresh + 3 * pg, 4096, mr->rkey) == IBV_WC_SUCCESS);
+    for (int i = 0; i < 4096; i++)
+        CHECK(p.src[i] == 0);
+    /* Prefetch: an ODP region yes, a plain one no, unmapped memory EFAULT. */
+    struct ibv_sge pf = {(uintptr_t)fresh, (uint32_t)(64 * pg), mr->lkey};
+    CHECK(ibv_advise_mr(p.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH,
+                        &pf, 1) == 0);
+    CHECK(ibv_advise_mr(p.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &pf, 1) == 0);
+    struct ibv_sge plain = {(uintptr_t)p.src, 64, p.smr->lkey};
+    CHECK(ibv_advise_mr(p.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &plain, 1) == EINVAL);
+    CHECK(ibv_advise_mr(p.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &pf, 0) == EINVAL);
+
+    /* Unmapped after registration: the error completion, and the prefetch fails. */
+    CHECK(munmap(fresh + big - 16 * pg, 16 * pg) == 0);
+    struct ibv_sge gone = {(uintptr_t)(fresh + big - 8 * pg), (uint32_t)pg, mr->lkey};
+    CHECK(ibv_advise_mr(p.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, 0, &gone, 1) == EFAULT);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, fresh + big - 8 * pg, 64, mr->rkey) ==
+          IBV_WC_REM_ACCESS_ERR);
+    CHECK(ibv_dereg_mr(mr) == 0);
+    pair_close(&p);
+    munmap(fresh, big - 16 * pg);
+
+    /* Implicit: one key over the whole address space. */
+    pair_open(ctx, &p, &gid);
+    struct ibv_mr *all = ibv_reg_mr(p.pd, NULL, SIZE_MAX, odp);
+    CHECK(all);
+    char *anywhere = malloc(8192);
+    CHECK(anywhere);
+    memset(anywhere, 0, 8192);
+    memset(p.src, 'i', 4096);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, anywhere + 100, 4096, all->rkey) == IBV_WC_SUCCESS);
+    CHECK(anywhere[100] == 'i' && anywhere[4195] == 'i' && anywhere[4196] == 0);
+    /* An atomic on a word of it, from this process (works, though the caps do not promise
+     * it: from another process it would be REM_INV_REQ_ERR). */
+    uint64_t *word = (uint64_t *)(((uintptr_t)anywhere + 4200 + 7) & ~(uintptr_t)7);
+    *word = 40;
+    struct ibv_sge ret = {(uintptr_t)p.src, 8, p.smr->lkey};
+    struct ibv_send_wr aw = {0};
+    aw.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    aw.sg_list = &ret;
+    aw.num_sge = 1;
+    aw.wr.atomic.remote_addr = (uintptr_t)word;
+    aw.wr.atomic.rkey = all->rkey;
+    aw.wr.atomic.compare_add = 2;
+    post(p.qa, &aw);
+    CHECK(poll1(p.cq).status == IBV_WC_SUCCESS && *word == 42 && *(uint64_t *)p.src == 40);
+    /* A SEND from unregistered memory through the implicit lkey, into a receive there too. */
+    char *from = malloc(256), *to = calloc(1, 256);
+    CHECK(from && to);
+    memset(from, 's', 256);
+    struct ibv_sge rs = {(uintptr_t)to, 256, all->lkey};
+    struct ibv_recv_wr rw = {0}, *rbad = NULL;
+    rw.sg_list = &rs;
+    rw.num_sge = 1;
+    CHECK(ibv_post_recv(p.qb, &rw, &rbad) == 0);
+    struct ibv_sge ss = {(uintptr_t)from, 256, all->lkey};
+    struct ibv_send_wr sw = {0};
+    sw.opcode = IBV_WR_SEND;
+    sw.sg_list = &ss;
+    sw.num_sge = 1;
+    post(p.qa, &sw);
+    int seen = 0;
+    for (int i = 0; i < 2; i++) {
+        struct ibv_wc wc = poll1(p.cq);
+        CHECK(wc.status == IBV_WC_SUCCESS);
+        seen |= wc.opcode == IBV_WC_RECV ? 1 : 2;
+    }
+    CHECK(seen == 3 && memcmp(from, to, 256) == 0);
+    /* An address nothing is mapped at: the error completion. */
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, (void *)(uintptr_t)0x1000, 64, all->rkey) ==
+          IBV_WC_REM_ACCESS_ERR);
+    CHECK(ibv_dereg_mr(all) == 0);
+    pair_close(&p);
+    free(anywhere);
+    free(from);
+    free(to);
+}
+
 static void family_fork(struct ibv_context *ctx) {
     CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED);
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
@@ -663,6 +773,8 @@ int main(int argc, char **argv) {
         family_fork(ctx);
     else if (!strcmp(argv[1], "rereg"))
         family_rereg(ctx);
+    else if (!strcmp(argv[1], "odp"))
+        family_odp(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);

@@ -46,9 +46,36 @@ pub struct DeviceAttr {
     /// `mr_layout_caps` of `ibv_query_device_ex` (seed 002): what non-contiguous layouts
     /// the device supports.
     pub mr_layout_caps: crate::mr::layout::LayoutCaps,
+    /// `odp_caps` of `ibv_query_device_ex`.
+    pub odp_caps: OdpCaps,
 }
 
-/// `IBV_DEVICE_*` capability bits softverbs sets.
+/// On-demand paging support (`struct ibv_odp_caps`): every device has it, explicit and
+/// implicit, for every operation its transports carry but atomics. A software NIC touches
+/// memory only when it moves bytes, so a page that is not mapped yet is faulted in then, and
+/// one that is gone is an error completion. An on-demand region is plain process memory that
+/// other processes reach by cross-memory attach, which cannot be atomic (an atomic into it
+/// from the owner's own process works, but is not promised).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OdpCaps {
+    /// `IBV_ODP_SUPPORT` | `IBV_ODP_SUPPORT_IMPLICIT`.
+    pub general_caps: u64,
+    /// `IBV_ODP_SUPPORT_*` per transport: SEND 1, RECV 2, WRITE 4, READ 8, ATOMIC 16,
+    /// SRQ_RECV 32.
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+impl OdpCaps {
+    pub const SUPPORTED: OdpCaps = OdpCaps {
+        general_caps: 1 | 2,
+        rc_odp_caps: 1 | 2 | 4 | 8 | 32,
+        uc_odp_caps: 1 | 2 | 4 | 32,
+        ud_odp_caps: 1 | 2 | 32,
+    };
+}
+
 /// `vendor_id`: a software device has no IEEE OUI; soft-RoCE reports the same value.
 pub const VENDOR_ID: u32 = 0xff_ffff;
 /// `vendor_part_id`: "SV", so programs that tell devices apart by id see a non-zero one.
@@ -62,6 +89,7 @@ pub mod port_cap_flags {
     pub const IP_BASED_GIDS: u32 = 1 << 26;
 }
 
+/// `IBV_DEVICE_*` capability bits softverbs sets.
 pub mod cap_flags {
     pub const CURR_QP_STATE_MOD: u32 = 1 << 7;
     pub const PORT_ACTIVE_EVENT: u32 = 1 << 10;
@@ -141,6 +169,7 @@ impl Device {
             completion_timestamp_mask: self.clock.mask(),
             hca_core_clock: Clock::KHZ,
             mr_layout_caps: self.layout_caps(),
+            odp_caps: OdpCaps::SUPPORTED,
         }
     }
 

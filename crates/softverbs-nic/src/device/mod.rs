@@ -14,7 +14,7 @@ pub(crate) mod progress;
 mod qpn;
 mod resource;
 
-pub use attr::{DEFAULT_PKEY, DeviceAttr, MAX_MSG_SIZE, PORT_NUM, PortAttr, cap_flags};
+pub use attr::{DEFAULT_PKEY, DeviceAttr, MAX_MSG_SIZE, OdpCaps, PORT_NUM, PortAttr, cap_flags};
 pub use context::Context;
 use qpn::QpNumbers;
 pub(crate) use resource::{Counted, InUse, Resource, Users};

@@ -392,8 +392,31 @@ unsafe fn piece_other(s: Span, d: Span, n: usize, last: bool) -> Result<(), i32>
         }
         (0, pid) => pvm_piece(s.addr, d.addr, n, pid, true),
         (pid, 0) => pvm_piece(d.addr, s.addr, n, pid, false),
-        _ => Err(libc::EINVAL),
+        // Both sides reached by cross-memory attach (on-demand regions of this process, or
+        // of two peers): through a bounce buffer.
+        (from, to) => {
+            let mut bounce = vec![0u8; n];
+            let b = bounce.as_mut_ptr() as usize;
+            pvm_piece(b, s.addr, n, from, false)?;
+            pvm_piece(b, d.addr, n, to, true)
+        }
     }
+}
+
+/// True if `len` bytes at `addr` of this process can be read now (an on-demand page that is
+/// mapped, or can be faulted in), probed with cross-memory attach, which answers EFAULT
+/// instead of faulting.
+pub(crate) fn mapped(addr: usize, len: usize) -> bool {
+    let mut probe = [0u8; 8];
+    let n = len.min(probe.len());
+    pvm_piece(
+        probe.as_mut_ptr() as usize,
+        addr,
+        n,
+        std::process::id(),
+        false,
+    )
+    .is_ok()
 }
 
 /// `memmove` of at most 16 bytes without a call: layouts of small data (a matrix column of

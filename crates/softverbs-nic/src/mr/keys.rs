@@ -168,6 +168,26 @@ impl Pin<'_> {
         usize::try_from(e.addr.load(Ordering::Relaxed).checked_add(offset)?).ok()
     }
 
+    /// An on-demand-paging region (`ON_DEMAND`): its pages need not be mapped, so the owner
+    /// reaches them too through cross-memory attach, which reports an unmapped page as
+    /// EFAULT (an error completion) where a plain access would fault.
+    #[inline]
+    pub fn on_demand(&self) -> bool {
+        self.entry.access.load(Ordering::Relaxed) & AccessFlags::ON_DEMAND.bits() != 0
+    }
+
+    /// Where the owner process itself reaches `len` bytes at `host` of this region: directly,
+    /// or for an on-demand region through cross-memory attach to itself (see
+    /// [`on_demand`](Self::on_demand)).
+    #[inline]
+    pub(crate) fn owner_span(&self, host: usize, len: usize) -> crate::mr::access::Span {
+        if self.on_demand() {
+            crate::mr::access::Span::at(host, len, std::process::id())
+        } else {
+            crate::mr::access::Span::local(host, len)
+        }
+    }
+
     /// How data is to be placed into the pinned region.
     #[inline]
     pub fn placement(&self) -> Placement {

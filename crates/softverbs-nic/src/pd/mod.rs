@@ -6,7 +6,7 @@ mod ah;
 mod region;
 
 pub use ah::Ah;
-pub use region::Mr;
+pub use region::{Mr, Prefetch};
 
 use crate::device::{Context, Counted, Resource, Users};
 use crate::error::{Error, Result, inval};

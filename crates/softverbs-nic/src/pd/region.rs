@@ -13,7 +13,10 @@ use std::sync::{Arc, Mutex};
 
 impl Pd {
     /// Registers `len` bytes at `addr`, addressed by the peer as `iova` (ignored for
-    /// `ZERO_BASED`, whose IOVAs start at 0).
+    /// `ZERO_BASED`, whose IOVAs start at 0). With `ON_DEMAND` the pages need not be mapped
+    /// (an access to one that is not is an error completion); `addr` 0 and `len`
+    /// `usize::MAX` with `ON_DEMAND` is an implicit on-demand region over the whole address
+    /// space (IOVA = address).
     ///
     /// # Safety
     /// `addr..addr + len` must stay valid for reads and writes, and not be freed or remapped,
@@ -29,7 +32,11 @@ impl Pd {
     ) -> Result<Mr> {
         let effective = Self::effective_access(access)?;
         let dev = &self.ctx.dev;
-        if len as u64 > dev.config.limits.max_mr_size {
+        let implicit = effective.contains(AccessFlags::ON_DEMAND) && addr == 0 && len == usize::MAX;
+        if implicit && effective.contains(AccessFlags::ZERO_BASED) {
+            return Err(inval("an implicit on-demand region cannot be zero-based"));
+        }
+        if !implicit && len as u64 > dev.config.limits.max_mr_size {
             return Err(inval(format!(
                 "length {len} exceeds max_mr_size {}",
                 dev.config.limits.max_mr_size
@@ -408,5 +415,80 @@ impl Drop for Mr {
             dev.layouts.forget(key);
         }
         let _ = dev.keys.deregister(key);
+    }
+}
+
+/// What [`Pd::prefetch`] makes ready (`enum ibv_advise_mr_advice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefetch {
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH`: the pages, for reading.
+    Read,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE`: the pages, writable.
+    Write,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT`: only pages already present, which a
+    /// software NIC reaches as they are: nothing to do.
+    NoFault,
+}
+
+impl Pd {
+    /// `ibv_advise_mr`: faults in the pages of on-demand regions of this PD that `sges`
+    /// (lkeys, addresses, lengths) name, before traffic needs them.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` for a key that is not an on-demand region of this PD, a range outside
+    /// it, or `Write` into a region without `LOCAL_WRITE`; `BadAddress` when a page cannot be
+    /// faulted in (nothing is mapped there).
+    pub fn prefetch(&self, advice: Prefetch, sges: &[crate::types::Sge]) -> Result<()> {
+        let need = match advice {
+            Prefetch::Write => AccessFlags::LOCAL_WRITE,
+            Prefetch::Read | Prefetch::NoFault => AccessFlags::empty(),
+        };
+        for s in sges {
+            let pin = self
+                .ctx
+                .dev
+                .keys
+                .pin(s.lkey, self.id, s.addr, u64::from(s.length), need)
+                .map_err(|e| inval(format!("ibv_advise_mr: lkey {:#x}: {e:?}", s.lkey)))?;
+            if !pin.on_demand() {
+                return Err(inval("ibv_advise_mr: not an on-demand region"));
+            }
+            if advice != Prefetch::NoFault && s.length > 0 {
+                populate(pin.host, s.length as usize, advice == Prefetch::Write)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Faults in the pages under `addr..addr + len` (writable with `write`).
+fn populate(addr: usize, len: usize, write: bool) -> Result<()> {
+    let page = crate::device_memory::segment::page_size();
+    let start = addr & !(page - 1);
+    let end = addr.saturating_add(len).next_multiple_of(page);
+    let advice = if write {
+        libc::MADV_POPULATE_WRITE
+    } else {
+        libc::MADV_POPULATE_READ
+    };
+    // SAFETY: MADV_POPULATE_* only faults pages in; the kernel checks the range and answers
+    // ENOMEM for what is not mapped instead of touching it.
+    if unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) } == 0 {
+        return Ok(());
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        // Kernels before 5.14 lack the advice: faulting the pages in for reading is what
+        // cross-memory attach does anyway, page by page.
+        Some(libc::EINVAL) => (start..end).step_by(page).try_for_each(|p| {
+            if crate::mr::access::mapped(p, 1) {
+                Ok(())
+            } else {
+                Err(Error::BadAddress(format!("ibv_advise_mr: page {p:#x}")))
+            }
+        }),
+        _ => Err(Error::BadAddress(format!(
+            "ibv_advise_mr: {len} bytes at {addr:#x} are not mapped"
+        ))),
     }
 }

@@ -63,8 +63,8 @@ pub struct Qp {
     /// Set when a transport executes this QP's requests (a networked device's engine).
     pub(crate) offload: Option<<Qp as Deliver>::Offloaded>,
     me: Weak<Qp>,
-    /// Its PD, CQs and SRQ are in use while it lives.
-    _uses: Vec<crate::device::InUse>,
+    /// Its PD, CQs and SRQ are in use until it is destroyed (see [`Qp::release_uses`]).
+    uses: Mutex<Vec<crate::device::InUse>>,
     _count: Counted,
 }
 
@@ -188,7 +188,7 @@ impl Qp {
             offload,
             me: me.clone(),
             dev: dev.clone(),
-            _uses: uses,
+            uses: Mutex::new(uses),
             _count: count,
         });
         dev.register_qp(qpn, Arc::downgrade(&qp) as Weak<_>);
@@ -211,6 +211,12 @@ impl Qp {
     /// The transport type.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
+    }
+
+    /// The program destroyed the QP (`ibv_destroy_qp`): its PD, CQs and SRQ stop counting it
+    /// as a user now, although the device's progress thread may still hold it for a moment.
+    pub fn release_uses(&self) {
+        self.uses.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     /// The queue sizes as created (rounded up).

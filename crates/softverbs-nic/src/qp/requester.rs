@@ -90,8 +90,8 @@ impl Qp {
                 pins: Vec::new(),
                 len: bytes.len() as u64,
             }),
-            Payload::Sges(sges) => pin_sges(&self.dev.keys, self.pd.id, sges, need, |_, h, n| {
-                Some(Span::local(h, n))
+            Payload::Sges(sges) => pin_sges(&self.dev.keys, self.pd.id, sges, need, |p, h, n| {
+                Some(p.owner_span(h, n))
             })
             .map_err(|_| WcStatus::LocProtErr),
         }

@@ -109,8 +109,8 @@ impl Responder for Qp {
         Qp::responder_error(self, event)
     }
     #[inline]
-    fn place(&self, _: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
-        Some(Span::local(host, len))
+    fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
+        Some(pin.owner_span(host, len))
     }
 }
 
@@ -211,6 +211,17 @@ fn remote_range<R: Responder>(
 }
 
 const REQ_ERR: Option<AsyncEventType> = Some(AsyncEventType::QpReqErr);
+
+/// A transfer whose keys all checked out failed while moving bytes: an unmapped page of an
+/// on-demand region (EFAULT) is the remote access error real ODP reports; anything else (a
+/// peer that cannot be reached) a remote operational error.
+fn placement_failed<R: Responder>(target: &R, req: &Request<'_>, errno: i32) -> Response {
+    if errno == libc::EFAULT {
+        error(target, req, WcStatus::RemAccessErr, ACCESS_ERR)
+    } else {
+        error(target, req, WcStatus::RemOpErr, None)
+    }
+}
 const ACCESS_ERR: Option<AsyncEventType> = Some(AsyncEventType::QpAccessErr);
 
 fn write<R: Responder>(
@@ -244,8 +255,10 @@ fn write<R: Responder>(
         // SAFETY: the sources are the requester's pinned registrations or inline bytes; the
         // destination was checked against the responder's key table and is pinned (and, for
         // a peer, mapped or reached by cross-memory attach).
-        if unsafe { place(req.placer, &req.local.spans, dst.spans(), dst.placement()) }.is_err() {
-            return error(target, req, WcStatus::RemOpErr, None);
+        if let Err(errno) =
+            unsafe { place(req.placer, &req.local.spans, dst.spans(), dst.placement()) }
+        {
+            return placement_failed(target, req, errno);
         }
     }
     if let (Some(r), Some(imm)) = (wqe, req.op.imm()) {
@@ -281,8 +294,10 @@ fn read<R: Responder>(
         // SAFETY: the source is pinned in the responder's registration with REMOTE_READ; the
         // destinations are the requester's pinned registrations, checked with LOCAL_WRITE.
         let local = req.local;
-        if unsafe { place(req.placer, src.spans(), &local.spans, local.placement()) }.is_err() {
-            return error(target, req, WcStatus::RemOpErr, None);
+        if let Err(errno) =
+            unsafe { place(req.placer, src.spans(), &local.spans, local.placement()) }
+        {
+            return placement_failed(target, req, errno);
         }
     }
     Response::Ack
@@ -311,8 +326,13 @@ fn atomic<R: Responder>(
         [w] => *w,
         _ => Span::local(1, 0), // refused just below
     };
-    if word.addr % 8 != 0 || word.pid != 0 || word.len != 8 || word.count != 1 {
+    // An on-demand region of this process is reached as ours; its page must be mapped.
+    let mapped_here = word.pid == 0 || word.pid == std::process::id();
+    if word.addr % 8 != 0 || !mapped_here || word.len != 8 || word.count != 1 {
         return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
+    }
+    if word.pid != 0 && !access::mapped(word.addr, 8) {
+        return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
     }
     // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration, mapped here.
     Response::Atomic(unsafe { access::atomic(word.addr, op) })

@@ -158,7 +158,7 @@ pub struct Srq {
     pub(crate) rq: RecvQueue,
     events: Arc<AsyncQueue>,
     pub(crate) users: Users,
-    _pd_use: InUse,
+    pd_use: std::sync::Mutex<Option<InUse>>,
     _count: Counted,
 }
 
@@ -171,6 +171,12 @@ impl Srq {
     /// True while a QP receives through it (`ibv_destroy_srq` is EBUSY then).
     pub fn in_use(&self) -> bool {
         self.users.any()
+    }
+
+    /// The program destroyed the SRQ (`ibv_destroy_srq`): its PD stops counting it as a
+    /// user now, although a QP being torn down may still hold it for a moment.
+    pub fn release_uses(&self) {
+        self.pd_use.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     pub(crate) fn new(
@@ -203,7 +209,7 @@ impl Srq {
             rq,
             events,
             users: Users::default(),
-            _pd_use: pd_use,
+            pd_use: std::sync::Mutex::new(Some(pd_use)),
             _count: count,
         }))
     }

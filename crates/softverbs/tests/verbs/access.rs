@@ -48,7 +48,6 @@ fn known_but_unimplemented_bits_are_unsupported() {
     let mut buf = vec![0u8; 64];
     for f in [
         AccessFlags::MW_BIND,
-        AccessFlags::ON_DEMAND,
         AccessFlags::FLUSH_GLOBAL,
         AccessFlags::FLUSH_PERSISTENT,
     ] {

@@ -8,6 +8,7 @@ mod channel;
 mod device;
 mod errors;
 mod noncontig;
+mod odp;
 mod ordering;
 mod rc;
 mod relaxed;
