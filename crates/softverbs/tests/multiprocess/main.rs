@@ -18,6 +18,7 @@ mod cq;
 mod events;
 mod failure;
 mod noncontig;
+mod odp;
 mod one_sided;
 mod rc;
 mod relaxed;
