@@ -130,6 +130,8 @@ pub struct Pin<'a> {
     entry: &'a KeyEntry,
     /// Host address (in the owner's address space) of the first byte of the checked range.
     pub host: usize,
+    /// The region is on-demand (read with its rights at pin time).
+    on_demand: bool,
 }
 
 impl Pin<'_> {
@@ -173,7 +175,7 @@ impl Pin<'_> {
     /// EFAULT (an error completion) where a plain access would fault.
     #[inline]
     pub fn on_demand(&self) -> bool {
-        self.entry.access.load(Ordering::Relaxed) & AccessFlags::ON_DEMAND.bits() != 0
+        self.on_demand
     }
 
     /// Where the owner process itself reaches `len` bytes at `host` of this region: directly,
@@ -471,16 +473,22 @@ impl KeyTable {
     ) -> Result<(Pin<'_>, &KeyEntry), KeyError> {
         let e = self.entry(self.slot(key)).ok_or(KeyError::Invalid)?;
         e.users.fetch_add(1, Ordering::SeqCst);
-        let mut pin = Pin { entry: e, host: 0 };
+        let mut pin = Pin {
+            entry: e,
+            host: 0,
+            on_demand: false,
+        };
         if e.state.load(Ordering::SeqCst) != VALID || e.key.load(Ordering::Relaxed) != key {
             return Err(KeyError::Invalid);
         }
         if e.pd.load(Ordering::Relaxed) != pd {
             return Err(KeyError::WrongPd);
         }
-        if !AccessFlags::from_bits_retain(e.access.load(Ordering::Relaxed)).contains(need) {
+        let access = AccessFlags::from_bits_retain(e.access.load(Ordering::Relaxed));
+        if !access.contains(need) {
             return Err(KeyError::Access);
         }
+        pin.on_demand = access.contains(AccessFlags::ON_DEMAND);
         let base = e.iova.load(Ordering::Relaxed);
         let length = e.length.load(Ordering::Relaxed);
         let offset = iova.checked_sub(base).ok_or(KeyError::Bounds)?;
