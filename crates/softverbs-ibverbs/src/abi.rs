@@ -490,7 +490,7 @@ pub struct ibv_qp_ex {
     pub wr_start: Option<unsafe extern "C" fn(Qx)>,
     pub wr_complete: Option<unsafe extern "C" fn(Qx) -> c_int>,
     pub wr_abort: Option<unsafe extern "C" fn(Qx)>,
-    pub wr_atomic_write: Slot,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(Qx, u32, u64, *const c_void)>,
 }
 
 type Cx = *mut ibv_cq_ex;

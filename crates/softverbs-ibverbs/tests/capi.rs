@@ -214,6 +214,13 @@ fn c_on_demand_paging() {
     run_c_program_with("conformance", false, &["odp"]);
 }
 
+/// `conformance awrite`: RDMA ATOMIC WRITE through `ibv_wr_atomic_write` and `ibv_post_send`,
+/// its cap, and its errors.
+#[test]
+fn c_rdma_atomic_write() {
+    run_c_program_with("conformance", false, &["awrite"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

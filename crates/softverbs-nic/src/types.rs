@@ -168,6 +168,7 @@ verbs_enum!(
         AtomicFetchAndAdd = 6,
         /// `IBV_WR_BIND_MW`; softverbs uses it for [`SendOp::BindLayout`](crate::qp::wr::SendOp::BindLayout).
         BindMw = 8,
+        AtomicWrite = 15,
     }
 );
 
@@ -182,6 +183,7 @@ verbs_enum!(
         BindMw = 5,
         LocalInv = 6,
         Tso = 7,
+        AtomicWrite = 9,
         Recv = 128,
         RecvRdmaWithImm = 129,
     }

@@ -437,7 +437,7 @@ unsafe extern "C" fn query_device_ex(
         },
         completion_timestamp_mask: a.completion_timestamp_mask,
         hca_core_clock: a.hca_core_clock,
-        device_cap_flags_ex: u64::from(a.device_cap_flags),
+        device_cap_flags_ex: u64::from(a.device_cap_flags) | a.device_cap_flags_ex,
         _rest: [0; 14],
     };
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());

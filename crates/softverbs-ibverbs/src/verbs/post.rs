@@ -69,6 +69,18 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'s
                 rkey: w.wr.atomic.rkey,
                 add: w.wr.atomic.compare_add,
             },
+            // As soft-RoCE's provider takes it: the 8 bytes the one SGE points at, read now
+            // (like inline data; `ibv_wr_atomic_write` passes them directly).
+            WrOpcode::AtomicWrite => {
+                if w.num_sge != 1 || w.sg_list.is_null() || (*w.sg_list).length != 8 {
+                    return Err(bad("IBV_WR_ATOMIC_WRITE takes one SGE of 8 bytes"));
+                }
+                SendOp::AtomicWrite {
+                    remote_addr: w.wr.rdma.remote_addr,
+                    rkey: w.wr.rdma.rkey,
+                    value: ((*w.sg_list).addr as usize as *const u64).read_unaligned(),
+                }
+            }
             // Memory windows are not implemented. Seed 002's IBV_WR_BIND_MR is
             // IBV_WR_BIND_MW whose `bind_mw.mw` (where the seed's `mr_set_layout.mr` lies)
             // is a layout container of ours (`ibv_wr_bind_mr` in softverbs/verbs_ext.h).
@@ -82,6 +94,15 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'s
         }
     };
     let flags = SendFlags::from_bits_retain(w.send_flags);
+    if matches!(op, SendOp::AtomicWrite { .. }) {
+        return Ok(SendWqe {
+            wr_id: w.wr_id,
+            op,
+            flags,
+            payload: Payload::Sges(Cow::Owned(Vec::new())),
+            ud: None,
+        });
+    }
     // SAFETY: the caller's SGE list.
     let list = unsafe { sges(w.sg_list, w.num_sge, cap.max_send_sge) }?;
     let payload = if flags.contains(SendFlags::INLINE) {

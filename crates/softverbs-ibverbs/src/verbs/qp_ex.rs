@@ -6,9 +6,9 @@ use super::*;
 const QP_INIT_PD: u32 = 1;
 const QP_INIT_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_SEND_OPS_FLAGS: u32 = 1 << 6;
-/// `IBV_QP_EX_WITH_RDMA_WRITE` … `IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD`: the opcodes the
-/// `ibv_wr_*` API supports here.
-const SEND_OPS_SUPPORTED: u64 = (1 << 7) - 1;
+/// `IBV_QP_EX_WITH_RDMA_WRITE` … `IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD` and
+/// `IBV_QP_EX_WITH_ATOMIC_WRITE`: the opcodes the `ibv_wr_*` API supports here.
+const SEND_OPS_SUPPORTED: u64 = ((1 << 7) - 1) | (1 << 12);
 
 #[derive(Default)]
 pub(super) struct Batch {
@@ -43,7 +43,7 @@ pub(super) fn qp_ex(qp_base: ibv_qp) -> ibv_qp_ex {
         wr_start: Some(wr_start),
         wr_complete: Some(wr_complete),
         wr_abort: Some(wr_abort),
-        wr_atomic_write: None,
+        wr_atomic_write: Some(wr_atomic_write),
     }
 }
 
@@ -205,6 +205,29 @@ unsafe extern "C" fn wr_atomic_fetch_add(
         remote_addr,
         rkey,
         add,
+    };
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, op) }
+}
+
+/// `ibv_wr_atomic_write`: the 8 bytes at `value` are read now.
+unsafe extern "C" fn wr_atomic_write(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    value: *const c_void,
+) {
+    if value.is_null() {
+        // SAFETY: the caller's QP.
+        let (_, mut b) = unsafe { batch(qp) };
+        b.error.get_or_insert(EINVAL);
+        return;
+    }
+    let op = SendOp::AtomicWrite {
+        remote_addr,
+        rkey,
+        // SAFETY: the caller's 8 readable bytes (the verbs contract of `atomic_wr`).
+        value: unsafe { (value as *const u64).read_unaligned() },
     };
     // SAFETY: the caller's QP.
     unsafe { begin(qp, op) }

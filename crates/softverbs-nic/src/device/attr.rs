@@ -48,6 +48,16 @@ pub struct DeviceAttr {
     pub mr_layout_caps: crate::mr::layout::LayoutCaps,
     /// `odp_caps` of `ibv_query_device_ex`.
     pub odp_caps: OdpCaps,
+    /// The extended capability bits of `ibv_query_device_ex` above the 32 of
+    /// `device_cap_flags` ([`cap_flags_ex`]).
+    pub device_cap_flags_ex: u64,
+}
+
+/// `device_cap_flags_ex` bits above 31 (the kernel's `ib_uverbs_device_cap_flags`).
+pub mod cap_flags_ex {
+    /// RDMA ATOMIC WRITE (`IB_UVERBS_DEVICE_ATOMIC_WRITE`): devices of one host only (the
+    /// RoCE transport between hosts does not carry it yet).
+    pub const ATOMIC_WRITE: u64 = 1 << 40;
 }
 
 /// On-demand paging support (`struct ibv_odp_caps`): every device has it, explicit and
@@ -170,6 +180,11 @@ impl Device {
             hca_core_clock: Clock::KHZ,
             mr_layout_caps: self.layout_caps(),
             odp_caps: OdpCaps::SUPPORTED,
+            device_cap_flags_ex: if self.config.net.is_none() {
+                cap_flags_ex::ATOMIC_WRITE
+            } else {
+                0
+            },
         }
     }
 

@@ -14,7 +14,9 @@ pub(crate) mod progress;
 mod qpn;
 mod resource;
 
-pub use attr::{DEFAULT_PKEY, DeviceAttr, MAX_MSG_SIZE, OdpCaps, PORT_NUM, PortAttr, cap_flags};
+pub use attr::{
+    DEFAULT_PKEY, DeviceAttr, MAX_MSG_SIZE, OdpCaps, PORT_NUM, PortAttr, cap_flags, cap_flags_ex,
+};
 pub use context::Context;
 use qpn::QpNumbers;
 pub(crate) use resource::{Counted, InUse, Resource, Users};

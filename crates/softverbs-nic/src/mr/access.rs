@@ -403,6 +403,16 @@ unsafe fn piece_other(s: Span, d: Span, n: usize, last: bool) -> Result<(), i32>
     }
 }
 
+/// Stores `value` into the 8 aligned bytes at `addr` in one piece (RDMA ATOMIC WRITE), with
+/// release ordering so the message's earlier bytes are visible first.
+///
+/// # Safety
+/// `addr` must be 8-byte aligned and valid for writes of 8 bytes.
+pub(crate) unsafe fn store_u64(addr: usize, value: u64) {
+    // SAFETY: as documented.
+    unsafe { AtomicU64::from_ptr(addr as *mut u64) }.store(value, Ordering::Release);
+}
+
 /// True if `len` bytes at `addr` of this process can be read now (an on-demand page that is
 /// mapped, or can be faulted in), probed with cross-memory attach, which answers EFAULT
 /// instead of faulting.

@@ -148,6 +148,11 @@ pub(crate) fn respond<R: Responder>(target: &R, req: &Request<'_>) -> Response {
             rkey,
             AtomicOp::CmpSwap { compare, swap },
         ),
+        SendOp::AtomicWrite {
+            remote_addr,
+            rkey,
+            value,
+        } => atomic_write(target, req, access, remote_addr, rkey, value),
         SendOp::FetchAdd {
             remote_addr,
             rkey,
@@ -336,6 +341,39 @@ fn atomic<R: Responder>(
     }
     // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration, mapped here.
     Response::Atomic(unsafe { access::atomic(word.addr, op) })
+}
+
+/// RDMA ATOMIC WRITE: the QP and the region must allow REMOTE_WRITE; the 8 bytes must be one
+/// aligned word mapped here (as for the atomics: a peer's plain memory cannot be stored into
+/// in one piece).
+fn atomic_write<R: Responder>(
+    target: &R,
+    req: &Request<'_>,
+    access: AccessFlags,
+    remote_addr: u64,
+    rkey: u32,
+    value: u64,
+) -> Response {
+    if !access.contains(AccessFlags::REMOTE_WRITE) {
+        return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
+    }
+    let Some(remote) = remote_range(target, rkey, remote_addr, 8, AccessFlags::REMOTE_WRITE) else {
+        return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
+    };
+    let word = match remote.spans() {
+        [w] => *w,
+        _ => Span::local(1, 0), // refused just below
+    };
+    let mapped_here = word.pid == 0 || word.pid == std::process::id();
+    if word.addr % 8 != 0 || !mapped_here || word.len != 8 || word.count != 1 {
+        return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
+    }
+    if word.pid != 0 && !access::mapped(word.addr, 8) {
+        return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
+    }
+    // SAFETY: 8 aligned bytes inside a pinned REMOTE_WRITE registration, mapped here.
+    unsafe { access::store_u64(word.addr, value) };
+    Response::Ack
 }
 
 /// What every receive completion of `req` carries.

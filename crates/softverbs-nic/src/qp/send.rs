@@ -122,6 +122,22 @@ impl Qp {
         if matches!(w.op, BindLayout { .. }) && !w.payload.is_empty() {
             return Err(inval("a layout bind takes no data"));
         }
+        if let AtomicWrite { remote_addr, .. } = w.op {
+            if self.qp_type != QpType::Rc {
+                return Err(inval("ATOMIC WRITE is valid on RC QPs only"));
+            }
+            if self.offload.is_some() {
+                return Err(Error::Unsupported(
+                    "ATOMIC WRITE on networked devices (RoCEv2 between hosts)".into(),
+                ));
+            }
+            if !w.payload.is_empty() {
+                return Err(inval("ATOMIC WRITE carries its value, not SGEs"));
+            }
+            if remote_addr % 8 != 0 {
+                return Err(inval("ATOMIC WRITE remote address is not 8-byte aligned"));
+            }
+        }
         if let CmpSwap { remote_addr, .. } | FetchAdd { remote_addr, .. } = w.op {
             if w.payload.len() != 8 {
                 return Err(inval("atomics take exactly 8 bytes of local buffer"));

@@ -36,6 +36,14 @@ pub enum SendOp {
         rkey: u32,
         add: u64,
     },
+    /// RDMA ATOMIC WRITE (IBTA 1.5, `IBV_WR_ATOMIC_WRITE`): `value` stored into the 8 aligned
+    /// bytes at `remote_addr` in one piece, so a reader never sees part of it; takes no SGEs
+    /// (the value is in the request) and needs `REMOTE_WRITE`. RC only.
+    AtomicWrite {
+        remote_addr: u64,
+        rkey: u32,
+        value: u64,
+    },
     /// The seed's `IBV_WR_BIND_MR` for a layout set with `WITH_POST_WR`: the staged layout of
     /// layout container `key` (of this QP's PD) takes effect when this request executes, so
     /// later requests on the QP see it (program order). Takes no SGEs. Completes with
@@ -57,6 +65,7 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WrOpcode::RdmaRead,
             SendOp::CmpSwap { .. } => WrOpcode::AtomicCmpAndSwp,
             SendOp::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+            SendOp::AtomicWrite { .. } => WrOpcode::AtomicWrite,
             SendOp::BindLayout { .. } => WrOpcode::BindMw,
         }
     }
@@ -69,6 +78,7 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
             SendOp::BindLayout { .. } => WcOpcode::BindMw,
         }
     }

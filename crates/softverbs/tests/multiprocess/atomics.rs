@@ -103,3 +103,53 @@ fn fetch_add_and_cmp_swap_from_two_initiator_processes_on_a_counter_in_a_third_e
     fadd.finish();
     cas.finish();
 }
+
+// A word in shared memory for ATOMIC WRITE; reports its value on `read`.
+peer!(peer_atomic_write_target, |p| {
+    let n = node();
+    let word = n.mr(64);
+    let qp = n.qp(QpType::Rc);
+    p.send(msg!("target", qp.endpoint(0).unwrap(), RemoteMr::of(&word)));
+    let them: Endpoint = p.expect("initiator").get(0);
+    qp.connect(&them, 0, ALL_REMOTE).unwrap();
+    p.send("ready");
+    p.expect("read");
+    p.send(msg!("word", word.load_u64(8).unwrap()));
+});
+
+/// RDMA ATOMIC WRITE into another process's memory stores the word (completion
+/// `AtomicWrite`); between hosts the RoCE transport does not carry it yet, and the post is
+/// refused with EOPNOTSUPP (the device does not advertise it either).
+#[test]
+fn atomic_write_into_another_process_stores_the_word_or_is_unsupported_between_hosts() {
+    let mut t = Peer::spawn("atomics::peer_atomic_write_target");
+    let m = t.expect("target");
+    let (tep, word): (Endpoint, RemoteMr) = (m.get(0), m.get(1));
+    let n = node();
+    let qp = n.rc_to(&mut t, &tep, "ready");
+    let op = SendOp::AtomicWrite {
+        remote_addr: word.iova + 8,
+        rkey: word.rkey,
+        value: 0x5eed_0000_0000_0001,
+    };
+    let posted = qp.post_send([signaled(SendWr::new(1, op, &[]))]);
+    let advertised = n.ctx.query_device().device_cap_flags_ex & cap_flags_ex::ATOMIC_WRITE;
+    if crate::harness::between_hosts() {
+        let e = posted.expect_err("ATOMIC WRITE between hosts");
+        assert_eq!(e.error.errno(), 95, "{e:?}");
+        assert_eq!(advertised, 0, "not advertised on a networked device");
+        t.send("read");
+        assert_eq!(t.expect("word").get::<u64>(0), 0);
+    } else {
+        posted.unwrap();
+        let wc = poll_n(&n.cq, 1, "ATOMIC WRITE completion")[0];
+        assert_eq!(
+            (wc.status(), wc.opcode()),
+            (WcStatus::Success, WcOpcode::AtomicWrite)
+        );
+        assert_ne!(advertised, 0);
+        t.send("read");
+        assert_eq!(t.expect("word").get::<u64>(0), 0x5eed_0000_0000_0001);
+    }
+    t.finish();
+}

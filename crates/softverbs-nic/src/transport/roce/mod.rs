@@ -141,6 +141,11 @@ impl Offload for NetQp {
                     "layout binds on networked devices".into(),
                 ));
             }
+            SendOp::AtomicWrite { .. } => {
+                return Err(Error::Unsupported(
+                    "ATOMIC WRITE on networked devices".into(),
+                ));
+            }
         }
         if let Some(ud) = &w.ud {
             let g = ud.ah.attr.grh.map(|g| g.dgid).unwrap_or_default();

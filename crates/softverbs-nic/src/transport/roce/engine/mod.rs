@@ -361,7 +361,7 @@ fn send_wr(w: &NetWqe, items: &[NicSge]) -> Option<SendWr> {
             rkey: w.rkey,
             add: w.compare_add,
         },
-        WrOpcode::BindMw => return None,
+        WrOpcode::BindMw | WrOpcode::AtomicWrite => return None,
     };
     let mut wr = SendWr::new(u64::from(w.seq), op);
     wr.signaled = true;
