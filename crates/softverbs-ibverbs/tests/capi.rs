@@ -221,6 +221,12 @@ fn c_rdma_atomic_write() {
     run_c_program_with("conformance", false, &["awrite"]);
 }
 
+/// `conformance events`: QP_REQ_ERR, QP_LAST_WQE_REACHED and CQ_ERR, each on its object.
+#[test]
+fn c_conformance_async_events() {
+    run_c_program_with("conformance", false, &["events"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

@@ -33,6 +33,10 @@
  *          of the 8 bytes, as soft-RoCE's provider takes it): the word is stored and the
  *          completion is IBV_WC_ATOMIC_WRITE; a region without REMOTE_WRITE is
  *          IBV_WC_REM_ACCESS_ERR; a misaligned address or a UD QP is EINVAL.
+ *   events the asynchronous events errors raise: IBV_EVENT_QP_REQ_ERR on a responder whose QP
+ *          refuses a WRITE it does not allow, IBV_EVENT_QP_LAST_WQE_REACHED on an SRQ's QP
+ *          moved to the error state, IBV_EVENT_CQ_ERR on a CQ that overflows; each names its
+ *          object, and nothing else is queued.
  *   fork   ibv_fork_init / ibv_is_fork_initialized: IBV_FORK_UNNEEDED, and true: a child made
  *          by fork writes its own copy of registered memory (the parent's bytes do not
  *          change), and RDMA into the parent's region still lands after the fork.
@@ -43,6 +47,7 @@
  *
  * Prints "ok" at the end; any failed CHECK exits 1 with the line. */
 #include "common.h"
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -806,6 +811,92 @@ static void family_atomic_write(struct ibv_context *ctx) {
     free(words);
 }
 
+/* The next async event, within 5 s; its type and element are checked by the caller. */
+static struct ibv_async_event next_event(struct ibv_context *ctx) {
+    struct pollfd pfd = {ctx->async_fd, POLLIN, 0};
+    CHECK(poll(&pfd, 1, 5000) == 1);
+    struct ibv_async_event ev;
+    CHECK(ibv_get_async_event(ctx, &ev) == 0);
+    ibv_ack_async_event(&ev);
+    return ev;
+}
+
+static void no_more_events(struct ibv_context *ctx) {
+    struct pollfd pfd = {ctx->async_fd, POLLIN, 0};
+    CHECK(poll(&pfd, 1, 50) == 0);
+}
+
+static void family_events(struct ibv_context *ctx) {
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    struct pair p;
+    pair_open(ctx, &p, &gid);
+    /* QP_REQ_ERR: the responder's QP allows no remote access. */
+    struct ibv_qp_attr a = {0};
+    a.qp_access_flags = 0;
+    CHECK(ibv_modify_qp(p.qb, &a, IBV_QP_ACCESS_FLAGS) == 0);
+    struct ibv_mr *mr = ibv_reg_mr(p.pd, p.src + 2048, 2048, RC_ACCESS_ALL);
+    CHECK(mr);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, p.src + 2048, 64, mr->rkey) == IBV_WC_REM_INV_REQ_ERR);
+    struct ibv_async_event ev = next_event(ctx);
+    CHECK(ev.event_type == IBV_EVENT_QP_REQ_ERR && ev.element.qp == p.qb);
+    no_more_events(ctx);
+    CHECK(ibv_dereg_mr(mr) == 0);
+    pair_close(&p);
+
+    /* LAST_WQE_REACHED: a QP on an SRQ goes to ERR. */
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    struct ibv_srq_init_attr sa = {0};
+    sa.attr.max_wr = 4;
+    sa.attr.max_sge = 1;
+    struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+    CHECK(pd && cq && srq);
+    struct ibv_qp_init_attr ia = rc_init_attr(cq, 4, 1);
+    ia.srq = srq;
+    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+    CHECK(qp);
+    to_rts(qp, qp->qp_num, &gid, RC_ACCESS_ALL);
+    struct ibv_qp_attr e = {0};
+    e.qp_state = IBV_QPS_ERR;
+    CHECK(ibv_modify_qp(qp, &e, IBV_QP_STATE) == 0);
+    ev = next_event(ctx);
+    CHECK(ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && ev.element.qp == qp);
+    no_more_events(ctx);
+    CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_srq(srq) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+
+    /* CQ_ERR: more completions than the CQ holds, none polled. */
+    pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *small = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+    CHECK(pd && small);
+    ia = rc_init_attr(small, 64, 1);
+    struct ibv_qp *qa = ibv_create_qp(pd, &ia), *qb = ibv_create_qp(pd, &ia);
+    CHECK(qa && qb);
+    connect_rc_pair(qa, qb, &gid, RC_ACCESS_ALL);
+    char *buf = malloc(64);
+    CHECK(buf);
+    struct ibv_mr *bm = ibv_reg_mr(pd, buf, 64, RC_ACCESS_ALL);
+    CHECK(bm);
+    struct ibv_sge sge = {(uintptr_t)buf, 8, bm->lkey};
+    for (int i = 0; i < small->cqe + 2; i++) {
+        struct ibv_send_wr wr = {0}, *bad = NULL;
+        wr.opcode = IBV_WR_RDMA_WRITE;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.rdma.remote_addr = (uintptr_t)buf + 8;
+        wr.wr.rdma.rkey = bm->rkey;
+        if (ibv_post_send(qa, &wr, &bad) != 0)
+            break; /* the QP may already have failed: the event is what counts */
+    }
+    ev = next_event(ctx);
+    CHECK(ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == small);
+    CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0 && ibv_dereg_mr(bm) == 0);
+    CHECK(ibv_destroy_cq(small) == 0 && ibv_dealloc_pd(pd) == 0);
+    free(buf);
+}
+
 static void family_fork(struct ibv_context *ctx) {
     CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED);
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
@@ -882,6 +973,8 @@ int main(int argc, char **argv) {
         family_odp(ctx);
     else if (!strcmp(argv[1], "awrite"))
         family_atomic_write(ctx);
+    else if (!strcmp(argv[1], "events"))
+        family_events(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);
