@@ -95,6 +95,19 @@ impl Memory for Guard {
         }
         r
     }
+    fn atomic_write(
+        &mut self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        bytes: [u8; 8],
+    ) -> Result<(), MemError> {
+        let r = self.inner.atomic_write(pd, rkey, va, bytes);
+        if r.is_ok() {
+            self.within("atomic write", rkey, va, 8, |r| r.remote_write);
+        }
+        r
+    }
     fn gather(&self, pd: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
         self.inner.gather(pd, sges, offset, out)
     }

@@ -74,6 +74,12 @@ impl Pair {
             .unwrap();
     }
 
+    fn try_send(&mut self, h: HostId, wr: SendWr) -> Result<(), PostError> {
+        let qpn = if h == self.a { QA } else { QB };
+        let now = self.net.now();
+        self.ep(h).with_qp(qpn, |qp| qp.post_send(now, wr)).unwrap()
+    }
+
     fn recv(&mut self, h: HostId, wr_id: u64, at: u64, len: u32) {
         let qpn = if h == self.a { QA } else { QB };
         self.ep(h).with_qp(qpn, |qp| {
@@ -750,4 +756,74 @@ fn a_message_longer_than_the_window_goes_through() {
         );
         assert_eq!(p.bytes(p.b, 0, 0, LEN), data, "loss {loss}");
     }
+}
+
+/// RDMA ATOMIC WRITE: the word lands and the completion is `AtomicWrite`; when its
+/// zero-length READ response is lost, the retried request is a duplicate, answered from the
+/// responder's resource (the requester still completes once, with success).
+#[test]
+fn an_atomic_write_whose_response_is_lost_is_answered_again() {
+    let mut p = pair(QpType::Rc, |c| c.timeout = 6);
+    p.fill(p.b, 0, 0, &[0xaa; 8]);
+    p.net.add_fault(p.b, p.a, ScheduledFault::DropNth(0));
+    let aw = SendWr::new(
+        1,
+        SendOp::AtomicWrite {
+            va: BUF,
+            rkey: 1,
+            value: u64::from_ne_bytes(*b"atomicwr"),
+        },
+    );
+    p.send(p.a, aw);
+    p.run();
+    let c = p.completions(p.a, false);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(
+        (c[0].status, c[0].opcode),
+        (WcStatus::Success, WcOpcode::AtomicWrite)
+    );
+    assert_eq!(p.bytes(p.b, 0, 0, 8), b"atomicwr");
+    assert_eq!(
+        p.counters(p.b).duplicates,
+        1,
+        "the retried request is a duplicate"
+    );
+    assert_eq!(p.counters(p.a).retransmitted, 1);
+}
+
+/// ATOMIC WRITE needs the QP's and the region's write right, an aligned address, and RC.
+#[test]
+fn atomic_write_errors_have_their_statuses() {
+    // The QP grants no remote write: invalid request.
+    let mut p = pair(QpType::Rc, |c| c.access = QpAccess::REMOTE_READ);
+    let aw = |va| {
+        SendWr::new(
+            1,
+            SendOp::AtomicWrite {
+                va,
+                rkey: 1,
+                value: 7,
+            },
+        )
+    };
+    p.send(p.a, aw(BUF));
+    p.run();
+    assert_eq!(p.completions(p.a, false)[0].status, WcStatus::RemInvReqErr);
+    // A key that is not the region's: remote access error.
+    let mut p = pair(QpType::Rc, |_| {});
+    let mut bad = aw(BUF);
+    bad.op = SendOp::AtomicWrite {
+        va: BUF,
+        rkey: 77,
+        value: 7,
+    };
+    p.send(p.a, bad);
+    p.run();
+    assert_eq!(p.completions(p.a, false)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(p.bytes(p.b, 0, 0, 8), [0; 8]);
+    // Misaligned, or on UC: refused at post.
+    let mut p = pair(QpType::Rc, |_| {});
+    assert!(p.try_send(p.a, aw(BUF + 4)).is_err());
+    let mut u = pair(QpType::Uc, |_| {});
+    assert!(u.try_send(u.a, aw(BUF)).is_err());
 }

@@ -55,8 +55,7 @@ pub struct DeviceAttr {
 
 /// `device_cap_flags_ex` bits above 31 (the kernel's `ib_uverbs_device_cap_flags`).
 pub mod cap_flags_ex {
-    /// RDMA ATOMIC WRITE (`IB_UVERBS_DEVICE_ATOMIC_WRITE`): devices of one host only (the
-    /// RoCE transport between hosts does not carry it yet).
+    /// RDMA ATOMIC WRITE (`IB_UVERBS_DEVICE_ATOMIC_WRITE`).
     pub const ATOMIC_WRITE: u64 = 1 << 40;
 }
 
@@ -180,11 +179,7 @@ impl Device {
             hca_core_clock: Clock::KHZ,
             mr_layout_caps: self.layout_caps(),
             odp_caps: OdpCaps::SUPPORTED,
-            device_cap_flags_ex: if self.config.net.is_none() {
-                cap_flags_ex::ATOMIC_WRITE
-            } else {
-                0
-            },
+            device_cap_flags_ex: cap_flags_ex::ATOMIC_WRITE,
         }
     }
 

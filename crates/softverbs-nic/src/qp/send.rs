@@ -126,11 +126,6 @@ impl Qp {
             if self.qp_type != QpType::Rc {
                 return Err(inval("ATOMIC WRITE is valid on RC QPs only"));
             }
-            if self.offload.is_some() {
-                return Err(Error::Unsupported(
-                    "ATOMIC WRITE on networked devices (RoCEv2 between hosts)".into(),
-                ));
-            }
             if !w.payload.is_empty() {
                 return Err(inval("ATOMIC WRITE carries its value, not SGEs"));
             }

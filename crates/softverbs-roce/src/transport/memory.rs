@@ -44,6 +44,10 @@ pub trait Memory {
     fn read(&self, pd: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError>;
     /// Executes `op` on the 8 bytes at `va`; returns the value before it.
     fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError>;
+    /// Stores `bytes` into the 8 aligned bytes at `va` in one piece (an RDMA ATOMIC WRITE,
+    /// which needs the write right).
+    fn atomic_write(&mut self, pd: u32, rkey: u32, va: u64, bytes: [u8; 8])
+    -> Result<(), MemError>;
     /// Reads `out.len()` bytes of a message gathered from `sges`, from `offset` into it.
     fn gather(&self, pd: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError>;
     /// Writes `data` into the message buffer `sges` describe, at `offset`.
@@ -225,6 +229,19 @@ impl Memory for MemoryModel {
         cell.copy_from_slice(&new.to_le_bytes());
         self.atomics += 1;
         Ok(old)
+    }
+
+    fn atomic_write(
+        &mut self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        bytes: [u8; 8],
+    ) -> Result<(), MemError> {
+        if va % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        self.write(pd, rkey, va, &bytes)
     }
 
     fn gather(&self, pd: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {

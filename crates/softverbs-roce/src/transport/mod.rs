@@ -160,6 +160,13 @@ pub enum SendOp {
         rkey: u32,
         add: u64,
     },
+    /// RDMA ATOMIC WRITE: `value` (its bytes in memory order) stored into the 8 aligned
+    /// bytes at `va` in one piece; no SGEs. RC only.
+    AtomicWrite {
+        va: u64,
+        rkey: u32,
+        value: u64,
+    },
 }
 
 /// A send work request (`struct ibv_send_wr`).
@@ -241,6 +248,7 @@ pub enum WcOpcode {
     RdmaRead,
     CompSwap,
     FetchAdd,
+    AtomicWrite,
     Recv,
     RecvRdmaWithImm,
 }

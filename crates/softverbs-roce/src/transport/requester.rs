@@ -39,7 +39,10 @@ impl Wqe {
     fn is_read_or_atomic(&self) -> bool {
         matches!(
             self.wr.op,
-            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+            SendOp::Read { .. }
+                | SendOp::CompareSwap { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::AtomicWrite { .. }
         )
     }
 
@@ -56,6 +59,7 @@ impl Wqe {
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
         }
     }
 }
@@ -130,6 +134,7 @@ impl Requester {
                 SendOp::Read { .. } => "RDMA READ",
                 SendOp::CompareSwap { .. } => "compare-and-swap",
                 SendOp::FetchAdd { .. } => "fetch-and-add",
+                SendOp::AtomicWrite { .. } => "ATOMIC WRITE",
             }));
         }
         let max = if cfg.qp_type == QpType::Ud {
@@ -145,6 +150,11 @@ impl Requester {
         }
         let atomic = matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
         if atomic && (wr.inline.is_some() || wr.sges.len() != 1 || len != 8) {
+            return Err(PostError::AtomicSge);
+        }
+        if let SendOp::AtomicWrite { va, .. } = wr.op
+            && (wr.inline.is_some() || !wr.sges.is_empty() || va % 8 != 0)
+        {
             return Err(PostError::AtomicSge);
         }
         if wr.inline.is_some() && !matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. }) {
@@ -433,7 +443,8 @@ impl Requester {
         self.ack_through_implicit(s, now, p);
         let pmtu = u64::from(s.cfg.pmtu);
         let Some(w) = self.wqes.front() else { return };
-        let (SendOp::Read { .. }, true) = (w.wr.op, w.holds(p)) else {
+        // An ATOMIC WRITE is answered by a zero-length READ response (its `len` is 0).
+        let (SendOp::Read { .. } | SendOp::AtomicWrite { .. }, true) = (w.wr.op, w.holds(p)) else {
             s.counters.dropped += 1;
             return;
         };
@@ -536,6 +547,7 @@ impl Requester {
             SendOp::Read { .. } => Op::ReadRequest,
             SendOp::CompareSwap { .. } => Op::CompareSwap,
             SendOp::FetchAdd { .. } => Op::FetchAdd,
+            SendOp::AtomicWrite { .. } => Op::AtomicWrite,
         };
         let opcode = Opcode::new(transport, op)?;
         let mut bth = Bth::new(opcode, dest_qp, psn);
@@ -592,8 +604,14 @@ impl Requester {
                     compare: 0,
                 });
             }
+            SendOp::AtomicWrite { va, rkey, .. } => {
+                h.reth = Some(Reth { va, rkey, len: 8 });
+            }
         }
-        if op.has_payload() {
+        if let SendOp::AtomicWrite { value, .. } = w.wr.op {
+            buf.get_mut(..8)?.copy_from_slice(&value.to_ne_bytes());
+            payload_len = 8;
+        } else if op.has_payload() {
             let n = (w.len - offset).min(u64::from(pmtu)) as usize;
             let out = buf.get_mut(..n)?;
             let gathered = match &w.wr.inline {

@@ -177,7 +177,7 @@ impl Responder {
         let h = &d.headers;
         let p = h.bth.psn;
         let op = h.bth.opcode.op;
-        if op == Op::ReadRequest || op.is_atomic() {
+        if op.is_read_like() || op.is_atomic() {
             // A replayed request already waiting to be answered needs no second answer; and
             // however many duplicates arrive (a peer retrying, or someone replaying packets),
             // the answers waiting stay bounded.
@@ -203,7 +203,7 @@ impl Responder {
                 return;
             };
             match (r.kind, op) {
-                (ResourceKind::Read { va, rkey, len }, Op::ReadRequest) => {
+                (ResourceKind::Read { va, rkey, len }, op) if op.is_read_like() => {
                     self.replies.push_back(Reply::Read {
                         first: r.first,
                         npkts: r.npkts,
@@ -432,6 +432,49 @@ impl Responder {
                 replay: false,
             });
             self.epsn = self.epsn.add(npkts);
+            return Ok(());
+        } else if op == Op::AtomicWrite {
+            let Some(reth) = h.reth else {
+                return Err(invalid());
+            };
+            if !s.cfg.access.contains(QpAccess::REMOTE_WRITE)
+                || s.cfg.max_dest_rd_atomic == 0
+                || reth.len != 8
+            {
+                return Err(invalid());
+            }
+            let Ok(bytes) = <[u8; 8]>::try_from(d.payload) else {
+                return Err(invalid());
+            };
+            match mem.atomic_write(pd, reth.rkey, reth.va, bytes) {
+                Ok(()) => {}
+                Err(MemError::Misaligned) => return Err(invalid()),
+                Err(_) => return Err(Refusal::Nak(NakCode::RemoteAccessError, None)),
+            }
+            // Answered and replayed like a READ of no bytes.
+            self.remember(
+                s,
+                Resource {
+                    first: bth.psn,
+                    npkts: 1,
+                    kind: ResourceKind::Read {
+                        va: reth.va,
+                        rkey: reth.rkey,
+                        len: 0,
+                    },
+                },
+            );
+            self.msn = (self.msn + 1) & 0xff_ffff;
+            self.replies.push_back(Reply::Read {
+                first: bth.psn,
+                npkts: 1,
+                next: bth.psn,
+                va: reth.va,
+                rkey: reth.rkey,
+                len: 0,
+                replay: false,
+            });
+            self.epsn = self.epsn.add(1);
             return Ok(());
         } else if op.is_atomic() {
             let Some(a) = h.atomic_eth else {

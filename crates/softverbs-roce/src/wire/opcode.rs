@@ -49,9 +49,12 @@ pub enum Op {
     FetchAdd,
     SendLastInv,
     SendOnlyInv,
+    /// RDMA ATOMIC WRITE (IBTA 1.5): RETH, then the 8 bytes to store; answered with a
+    /// zero-length RDMA READ response, like a READ.
+    AtomicWrite,
 }
 
-const OPS: [(Op, u8); 23] = [
+const OPS: [(Op, u8); 24] = [
     (Op::SendFirst, 0x00),
     (Op::SendMiddle, 0x01),
     (Op::SendLast, 0x02),
@@ -75,6 +78,7 @@ const OPS: [(Op, u8); 23] = [
     (Op::FetchAdd, 0x14),
     (Op::SendLastInv, 0x16),
     (Op::SendOnlyInv, 0x17),
+    (Op::AtomicWrite, 0x1d),
 ];
 
 impl Op {
@@ -128,7 +132,17 @@ impl Op {
 
     /// Sent by a requester (the rest are responses: ACKs and READ responses).
     pub fn is_request(self) -> bool {
-        self.is_send() || self.is_write() || self.is_atomic() || self == Op::ReadRequest
+        self.is_send()
+            || self.is_write()
+            || self.is_atomic()
+            || self == Op::ReadRequest
+            || self == Op::AtomicWrite
+    }
+
+    /// A request answered with RDMA READ response packets (READ, ATOMIC WRITE): it holds a
+    /// responder resource, and its duplicates are answered from it.
+    pub fn is_read_like(self) -> bool {
+        matches!(self, Op::ReadRequest | Op::AtomicWrite)
     }
 
     /// The first packet of a multi-packet message.
@@ -172,12 +186,12 @@ impl Op {
 
     /// Starts a message: first or only (every request that is not a continuation).
     pub fn starts_message(self) -> bool {
-        self.is_first() || self.is_only() || self == Op::ReadRequest || self.is_atomic()
+        self.is_first() || self.is_only() || self.is_read_like() || self.is_atomic()
     }
 
     /// Ends a message: last or only.
     pub fn ends_message(self) -> bool {
-        self.is_last() || self.is_only() || self == Op::ReadRequest || self.is_atomic()
+        self.is_last() || self.is_only() || self.is_read_like() || self.is_atomic()
     }
 
     /// Carries immediate data (ImmDt).
@@ -197,7 +211,7 @@ impl Op {
     pub fn has_reth(self) -> bool {
         matches!(
             self,
-            Op::WriteFirst | Op::WriteOnly | Op::WriteOnlyImm | Op::ReadRequest
+            Op::WriteFirst | Op::WriteOnly | Op::WriteOnlyImm | Op::ReadRequest | Op::AtomicWrite
         )
     }
 
@@ -215,7 +229,7 @@ impl Op {
 
     /// Carries a payload (possibly empty); the others carry none at all.
     pub fn has_payload(self) -> bool {
-        self.is_send() || self.is_write() || self.is_read_response()
+        self.is_send() || self.is_write() || self.is_read_response() || self == Op::AtomicWrite
     }
 }
 
@@ -301,8 +315,8 @@ mod tests {
                 Err(e) => assert_eq!(e, WireError::Opcode(b)),
             }
         }
-        // RC 23, UC 12 (SEND and WRITE, no invalidate), UD 2.
-        assert_eq!(valid, 23 + 12 + 2);
+        // RC 24, UC 12 (SEND and WRITE, no invalidate), UD 2.
+        assert_eq!(valid, 24 + 12 + 2);
         assert_eq!(Opcode::all().count(), valid);
     }
 
@@ -315,6 +329,8 @@ mod tests {
         assert_eq!(rc(Op::Ack), 0x11);
         assert_eq!(rc(Op::FetchAdd), 0x14);
         assert_eq!(rc(Op::SendOnlyInv), 0x17);
+        assert_eq!(rc(Op::AtomicWrite), 0x1d);
+        assert!(Opcode::new(Transport::Uc, Op::AtomicWrite).is_none());
         assert_eq!(
             Opcode::new(Transport::Uc, Op::WriteLast).unwrap().to_u8(),
             0x28

@@ -118,10 +118,10 @@ peer!(peer_atomic_write_target, |p| {
 });
 
 /// RDMA ATOMIC WRITE into another process's memory stores the word (completion
-/// `AtomicWrite`); between hosts the RoCE transport does not carry it yet, and the post is
-/// refused with EOPNOTSUPP (the device does not advertise it either).
+/// `AtomicWrite`); between hosts it travels as RoCEv2's ATOMIC WRITE, answered by a
+/// zero-length READ response. The device advertises it.
 #[test]
-fn atomic_write_into_another_process_stores_the_word_or_is_unsupported_between_hosts() {
+fn atomic_write_into_another_process_stores_the_word() {
     let mut t = Peer::spawn("atomics::peer_atomic_write_target");
     let m = t.expect("target");
     let (tep, word): (Endpoint, RemoteMr) = (m.get(0), m.get(1));
@@ -132,24 +132,15 @@ fn atomic_write_into_another_process_stores_the_word_or_is_unsupported_between_h
         rkey: word.rkey,
         value: 0x5eed_0000_0000_0001,
     };
-    let posted = qp.post_send([signaled(SendWr::new(1, op, &[]))]);
-    let advertised = n.ctx.query_device().device_cap_flags_ex & cap_flags_ex::ATOMIC_WRITE;
-    if crate::harness::between_hosts() {
-        let e = posted.expect_err("ATOMIC WRITE between hosts");
-        assert_eq!(e.error.errno(), 95, "{e:?}");
-        assert_eq!(advertised, 0, "not advertised on a networked device");
-        t.send("read");
-        assert_eq!(t.expect("word").get::<u64>(0), 0);
-    } else {
-        posted.unwrap();
-        let wc = poll_n(&n.cq, 1, "ATOMIC WRITE completion")[0];
-        assert_eq!(
-            (wc.status(), wc.opcode()),
-            (WcStatus::Success, WcOpcode::AtomicWrite)
-        );
-        assert_ne!(advertised, 0);
-        t.send("read");
-        assert_eq!(t.expect("word").get::<u64>(0), 0x5eed_0000_0000_0001);
-    }
+    qp.post_send([signaled(SendWr::new(1, op, &[]))]).unwrap();
+    let wc = poll_n(&n.cq, 1, "ATOMIC WRITE completion")[0];
+    assert_eq!(
+        (wc.status(), wc.opcode()),
+        (WcStatus::Success, WcOpcode::AtomicWrite)
+    );
+    let caps = n.ctx.query_device().device_cap_flags_ex;
+    assert_ne!(caps & cap_flags_ex::ATOMIC_WRITE, 0, "advertised");
+    t.send("read");
+    assert_eq!(t.expect("word").get::<u64>(0), 0x5eed_0000_0000_0001);
     t.finish();
 }

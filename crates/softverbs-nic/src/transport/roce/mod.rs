@@ -141,10 +141,14 @@ impl Offload for NetQp {
                     "layout binds on networked devices".into(),
                 ));
             }
-            SendOp::AtomicWrite { .. } => {
-                return Err(Error::Unsupported(
-                    "ATOMIC WRITE on networked devices".into(),
-                ));
+            SendOp::AtomicWrite {
+                remote_addr,
+                rkey,
+                value,
+            } => {
+                h.remote_addr = remote_addr;
+                h.rkey = rkey;
+                h.compare_add = value;
             }
         }
         if let Some(ud) = &w.ud {

@@ -175,6 +175,37 @@ impl Memory for HostMemory {
         Ok(unsafe { access::atomic(word.addr, op) })
     }
 
+    fn atomic_write(
+        &mut self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        bytes: [u8; 8],
+    ) -> Result<(), MemError> {
+        let q = self.qp(pd)?;
+        if va % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        let cell = pin_range(
+            q.keys(),
+            q.pd_id(),
+            rkey,
+            va,
+            8,
+            AccessFlags::REMOTE_WRITE,
+            |p, h, n| q.place(p, h, n),
+        )
+        .ok_or(MemError::NoRights)?;
+        // As for the atomics: one aligned word mapped here, or it cannot be stored whole.
+        let word = match cell.spans() {
+            [w] if w.pid == 0 && w.len == 8 && w.count == 1 && w.addr % 8 == 0 => *w,
+            _ => return Err(MemError::Misaligned),
+        };
+        // SAFETY: 8 aligned bytes inside a pinned REMOTE_WRITE registration, mapped here.
+        unsafe { access::store_u64(word.addr, u64::from_ne_bytes(bytes)) };
+        Ok(())
+    }
+
     fn gather(&self, pd: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
         if out.is_empty() {
             return Ok(());

@@ -318,6 +318,7 @@ fn opcode_of(o: WcOpcode) -> NicOp {
         WcOpcode::RdmaRead => NicOp::RdmaRead,
         WcOpcode::CompSwap => NicOp::CompSwap,
         WcOpcode::FetchAdd => NicOp::FetchAdd,
+        WcOpcode::AtomicWrite => NicOp::AtomicWrite,
         WcOpcode::Recv => NicOp::Recv,
         WcOpcode::RecvRdmaWithImm => NicOp::RecvRdmaWithImm,
     }
@@ -361,7 +362,12 @@ fn send_wr(w: &NetWqe, items: &[NicSge]) -> Option<SendWr> {
             rkey: w.rkey,
             add: w.compare_add,
         },
-        WrOpcode::BindMw | WrOpcode::AtomicWrite => return None,
+        WrOpcode::AtomicWrite => SendOp::AtomicWrite {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            value: w.compare_add,
+        },
+        WrOpcode::BindMw => return None,
     };
     let mut wr = SendWr::new(u64::from(w.seq), op);
     wr.signaled = true;
