@@ -316,36 +316,21 @@ fn atomic<R: Responder>(
     rkey: u32,
     op: AtomicOp,
 ) -> Response {
-    if !access.contains(AccessFlags::REMOTE_ATOMIC) {
-        return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
+    match word(
+        target,
+        req,
+        access,
+        remote_addr,
+        rkey,
+        AccessFlags::REMOTE_ATOMIC,
+    ) {
+        // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration, mapped here.
+        Ok((addr, _pin)) => Response::Atomic(unsafe { access::atomic(addr, op) }),
+        Err(refused) => refused,
     }
-    let Some(remote) = remote_range(target, rkey, remote_addr, 8, AccessFlags::REMOTE_ATOMIC)
-    else {
-        return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
-    };
-    // post_send rejects unaligned remote IOVAs, but a region registered at an IOVA with a
-    // different alignment than its address could still map to an unaligned address, and a
-    // layout may put the 8 bytes across two data (more than one span) or at an unaligned
-    // datum. A peer's plain (unmapped) memory cannot be updated atomically.
-    let word = match remote.spans() {
-        [w] => *w,
-        _ => Span::local(1, 0), // refused just below
-    };
-    // An on-demand region of this process is reached as ours; its page must be mapped.
-    let mapped_here = word.pid == 0 || word.pid == std::process::id();
-    if word.addr % 8 != 0 || !mapped_here || word.len != 8 || word.count != 1 {
-        return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
-    }
-    if word.pid != 0 && !access::mapped(word.addr, 8) {
-        return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
-    }
-    // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration, mapped here.
-    Response::Atomic(unsafe { access::atomic(word.addr, op) })
 }
 
-/// RDMA ATOMIC WRITE: the QP and the region must allow REMOTE_WRITE; the 8 bytes must be one
-/// aligned word mapped here (as for the atomics: a peer's plain memory cannot be stored into
-/// in one piece).
+/// RDMA ATOMIC WRITE: as an atomic, with the write right.
 fn atomic_write<R: Responder>(
     target: &R,
     req: &Request<'_>,
@@ -354,26 +339,57 @@ fn atomic_write<R: Responder>(
     rkey: u32,
     value: u64,
 ) -> Response {
-    if !access.contains(AccessFlags::REMOTE_WRITE) {
-        return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
+    match word(
+        target,
+        req,
+        access,
+        remote_addr,
+        rkey,
+        AccessFlags::REMOTE_WRITE,
+    ) {
+        Ok((addr, _pin)) => {
+            // SAFETY: 8 aligned bytes inside a pinned REMOTE_WRITE registration, mapped here.
+            unsafe { access::store_u64(addr, value) };
+            Response::Ack
+        }
+        Err(refused) => refused,
     }
-    let Some(remote) = remote_range(target, rkey, remote_addr, 8, AccessFlags::REMOTE_WRITE) else {
-        return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
+}
+
+/// The 8-byte word an atomic or an ATOMIC WRITE at `remote_addr` reaches, pinned, when the
+/// QP's rights (`access`) and the region's grant `need`; else the error response.
+///
+/// post_send rejects unaligned remote IOVAs, but a region registered at an IOVA with a
+/// different alignment than its address could still map to an unaligned address, and a
+/// layout may put the 8 bytes across two data (more than one span) or at an unaligned datum.
+/// A peer's plain (unmapped) memory cannot be updated in one piece; an on-demand region of
+/// this process is reached as ours, and its page must be mapped.
+fn word<'t, R: Responder>(
+    target: &'t R,
+    req: &Request<'_>,
+    access: AccessFlags,
+    remote_addr: u64,
+    rkey: u32,
+    need: AccessFlags,
+) -> Result<(usize, Pinned<'t>), Response> {
+    if !access.contains(need) {
+        return Err(error(target, req, WcStatus::RemInvReqErr, REQ_ERR));
+    }
+    let Some(remote) = remote_range(target, rkey, remote_addr, 8, need) else {
+        return Err(error(target, req, WcStatus::RemAccessErr, ACCESS_ERR));
     };
-    let word = match remote.spans() {
+    let w = match remote.spans() {
         [w] => *w,
         _ => Span::local(1, 0), // refused just below
     };
-    let mapped_here = word.pid == 0 || word.pid == std::process::id();
-    if word.addr % 8 != 0 || !mapped_here || word.len != 8 || word.count != 1 {
-        return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
+    let mapped_here = w.pid == 0 || w.pid == std::process::id();
+    if w.addr % 8 != 0 || !mapped_here || w.len != 8 || w.count != 1 {
+        return Err(error(target, req, WcStatus::RemInvReqErr, REQ_ERR));
     }
-    if word.pid != 0 && !access::mapped(word.addr, 8) {
-        return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
+    if w.pid != 0 && !access::mapped(w.addr, 8) {
+        return Err(error(target, req, WcStatus::RemAccessErr, ACCESS_ERR));
     }
-    // SAFETY: 8 aligned bytes inside a pinned REMOTE_WRITE registration, mapped here.
-    unsafe { access::store_u64(word.addr, value) };
-    Response::Ack
+    Ok((w.addr, remote))
 }
 
 /// What every receive completion of `req` carries.

@@ -73,6 +73,32 @@ impl HostMemory {
     }
 
     /// Copies between `src` and `dst` spans.
+    /// Runs `f` on the address of the 8-byte word at `va` of `rkey`, pinned with `need`,
+    /// while the pin holds. Only a word mapped here can be updated in one piece (a peer's
+    /// plain memory, reached by cross-memory attach, cannot), and it must be one aligned
+    /// piece.
+    fn with_word<T>(
+        &self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        need: AccessFlags,
+        f: impl FnOnce(usize) -> T,
+    ) -> Result<T, MemError> {
+        let q = self.qp(pd)?;
+        if va % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        let cell = pin_range(q.keys(), q.pd_id(), rkey, va, 8, need, |p, h, n| {
+            q.place(p, h, n)
+        })
+        .ok_or(MemError::NoRights)?;
+        match cell.spans() {
+            [w] if w.pid == 0 && w.len == 8 && w.count == 1 && w.addr % 8 == 0 => Ok(f(w.addr)),
+            _ => Err(MemError::Misaligned),
+        }
+    }
+
     fn copy(src: &[Span], dst: &[Span]) -> Result<(), MemError> {
         // SAFETY: every span of registered memory was pinned by the caller (checked against
         // its owner's key table with the right it needs) and the others are the caller's own
@@ -147,32 +173,14 @@ impl Memory for HostMemory {
     }
 
     fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
-        let q = self.qp(pd)?;
-        if va % 8 != 0 {
-            return Err(MemError::Misaligned);
-        }
-        let cell = pin_range(
-            q.keys(),
-            q.pd_id(),
-            rkey,
-            va,
-            8,
-            AccessFlags::REMOTE_ATOMIC,
-            |p, h, n| q.place(p, h, n),
-        )
-        .ok_or(MemError::NoRights)?;
-        // Only a word mapped here can be updated atomically (a peer's plain memory, reached
-        // by cross-memory attach, cannot), and it must be one aligned piece.
-        let word = match cell.spans() {
-            [w] if w.pid == 0 && w.len == 8 && w.count == 1 && w.addr % 8 == 0 => *w,
-            _ => return Err(MemError::Misaligned),
-        };
         let op = match op {
             AtomicOp::CompareSwap { compare, swap } => NicAtomic::CmpSwap { compare, swap },
             AtomicOp::FetchAdd { add } => NicAtomic::FetchAdd { add },
         };
         // SAFETY: 8 aligned bytes inside a pinned REMOTE_ATOMIC registration, mapped here.
-        Ok(unsafe { access::atomic(word.addr, op) })
+        self.with_word(pd, rkey, va, AccessFlags::REMOTE_ATOMIC, |w| unsafe {
+            access::atomic(w, op)
+        })
     }
 
     fn atomic_write(
@@ -182,28 +190,10 @@ impl Memory for HostMemory {
         va: u64,
         bytes: [u8; 8],
     ) -> Result<(), MemError> {
-        let q = self.qp(pd)?;
-        if va % 8 != 0 {
-            return Err(MemError::Misaligned);
-        }
-        let cell = pin_range(
-            q.keys(),
-            q.pd_id(),
-            rkey,
-            va,
-            8,
-            AccessFlags::REMOTE_WRITE,
-            |p, h, n| q.place(p, h, n),
-        )
-        .ok_or(MemError::NoRights)?;
-        // As for the atomics: one aligned word mapped here, or it cannot be stored whole.
-        let word = match cell.spans() {
-            [w] if w.pid == 0 && w.len == 8 && w.count == 1 && w.addr % 8 == 0 => *w,
-            _ => return Err(MemError::Misaligned),
-        };
         // SAFETY: 8 aligned bytes inside a pinned REMOTE_WRITE registration, mapped here.
-        unsafe { access::store_u64(word.addr, u64::from_ne_bytes(bytes)) };
-        Ok(())
+        self.with_word(pd, rkey, va, AccessFlags::REMOTE_WRITE, |w| unsafe {
+            access::store_u64(w, u64::from_ne_bytes(bytes))
+        })
     }
 
     fn gather(&self, pd: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
