@@ -76,8 +76,13 @@ pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 pub struct verbs_context {
     pub query_port: Option<QueryPort>,
     pub advise_mr: Option<AdviseMr>,
-    /// `alloc_null_mr` … `create_wq`.
-    pub _ex0: [Slot; 22],
+    /// `alloc_null_mr` … `destroy_counters`.
+    pub _ex0a: [Slot; 5],
+    pub reg_dm_mr: Option<RegDmMr>,
+    pub alloc_dm: Option<AllocDm>,
+    pub free_dm: Option<FreeDm>,
+    /// `modify_flow_action_esp` … `create_wq`.
+    pub _ex0: [Slot; 14],
     pub query_rt_values: Option<QueryRtValues>,
     pub create_cq_ex: Option<CreateCqEx>,
     pub priv_: *mut c_void,
@@ -569,9 +574,35 @@ pub struct ibv_device_attr_ex {
     pub completion_timestamp_mask: u64,
     pub hca_core_clock: u64,
     pub device_cap_flags_ex: u64,
-    /// `tso_caps` … `phys_port_cnt_ex`.
-    pub _rest: [u64; 14],
+    /// `tso_caps` … `cq_mod_caps`.
+    pub _rest: [u64; 11],
+    pub max_dm_size: u64,
+    /// `pci_atomic_caps` … `phys_port_cnt_ex`.
+    pub _tail: [u64; 2],
 }
+
+/// `struct ibv_alloc_dm_attr`.
+#[repr(C)]
+pub struct ibv_alloc_dm_attr {
+    pub length: usize,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_dm`.
+#[repr(C)]
+pub struct ibv_dm {
+    pub context: *mut ibv_context,
+    pub memcpy_to_dm: Option<unsafe extern "C" fn(*mut ibv_dm, u64, *const c_void, usize) -> c_int>,
+    pub memcpy_from_dm: Option<unsafe extern "C" fn(*mut c_void, *mut ibv_dm, u64, usize) -> c_int>,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+pub type RegDmMr =
+    unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, usize, c_uint) -> *mut ibv_mr;
+pub type AllocDm = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
+pub type FreeDm = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
 
 /// `struct ibv_query_device_ex_input`.
 #[repr(C)]

@@ -227,6 +227,12 @@ fn c_conformance_async_events() {
     run_c_program_with("conformance", false, &["events"]);
 }
 
+/// `conformance dm`: device memory, its zero-based regions and their errors.
+#[test]
+fn c_device_memory() {
+    run_c_program_with("conformance", false, &["dm"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

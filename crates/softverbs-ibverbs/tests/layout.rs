@@ -48,8 +48,9 @@ fn checks() -> Checks {
         ibv_context_ops { poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv }
         ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
         verbs_context {
-            query_port, query_rt_values, create_cq_ex, priv_ = "priv", query_device_ex,
-            create_qp_ex, _ABI_placeholder3, sz, context
+            query_port, advise_mr, reg_dm_mr, alloc_dm, free_dm, query_rt_values,
+            create_cq_ex, priv_ = "priv", query_device_ex, create_qp_ex, _ABI_placeholder3, sz,
+            context
         }
         ibv_device_attr {
             fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap, vendor_id,
@@ -133,8 +134,10 @@ fn checks() -> Checks {
         }
         ibv_device_attr_ex {
             orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock,
-            device_cap_flags_ex, _rest = "tso_caps"
+            device_cap_flags_ex, _rest = "tso_caps", max_dm_size, _tail = "pci_atomic_caps"
         }
+        ibv_alloc_dm_attr { length, log_align_req, comp_mask }
+        ibv_dm { context, memcpy_to_dm, memcpy_from_dm, comp_mask, handle }
         ibv_query_device_ex_input { comp_mask }
         ibv_values_ex { comp_mask, raw_clock }
         ibv_async_event { element, event_type }

@@ -81,7 +81,11 @@ pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv
         create_qp_ex: Some(create_qp_ex),
         query_port: Some(vctx_query_port),
         advise_mr: Some(super::mr::advise_mr),
-        _ex0: [None; 22],
+        _ex0a: [None; 5],
+        reg_dm_mr: Some(super::dm::reg_dm_mr),
+        alloc_dm: Some(super::dm::alloc_dm),
+        free_dm: Some(super::dm::free_dm),
+        _ex0: [None; 14],
         query_rt_values: Some(query_rt_values),
         create_cq_ex: Some(create_cq_ex),
         priv_: null_mut(),
@@ -438,7 +442,9 @@ unsafe extern "C" fn query_device_ex(
         completion_timestamp_mask: a.completion_timestamp_mask,
         hca_core_clock: a.hca_core_clock,
         device_cap_flags_ex: u64::from(a.device_cap_flags) | a.device_cap_flags_ex,
-        _rest: [0; 14],
+        _rest: [0; 11],
+        max_dm_size: super::dm::MAX_DM_SIZE as u64,
+        _tail: [0; 2],
     };
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's struct has `attr_size` writable bytes; we copy at most that.

@@ -144,6 +144,8 @@ struct SvMr {
     mr: ibv_mr,
     nic: Option<Mr>,
     backing: Option<softverbs_nic::mr::keys::Backing>,
+    /// The device memory a region of `ibv_reg_dm_mr` lies in (kept mapped while it lives).
+    dm: Option<Arc<softverbs_nic::device_memory::segment::Segment>>,
 }
 
 impl Drop for SvMr {
@@ -331,6 +333,7 @@ pub(crate) fn inval<T>() -> *mut T {
 mod ah;
 mod cq;
 mod device;
+mod dm;
 mod events;
 mod mr;
 mod post;

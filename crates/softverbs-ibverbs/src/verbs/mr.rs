@@ -260,6 +260,7 @@ pub(crate) fn new_mr(
         mr,
         nic: Some(nic),
         backing,
+        dm: None,
     })) as *mut ibv_mr;
     live_mrs()
         .write()

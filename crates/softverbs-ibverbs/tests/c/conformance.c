@@ -37,6 +37,10 @@
  *          refuses a WRITE it does not allow, IBV_EVENT_QP_LAST_WQE_REACHED on an SRQ's QP
  *          moved to the error state, IBV_EVENT_CQ_ERR on a CQ that overflows; each names its
  *          object, and nothing else is queued.
+ *   dm     device memory: max_dm_size; ibv_alloc_dm, ibv_memcpy_to_dm/_from_dm, a zero-based
+ *          ibv_reg_dm_mr region that RDMA READ, WRITE and an atomic reach; its errors
+ *          (no ZERO_BASED, out of range, over max_dm_size: EINVAL/ENOMEM; free while a
+ *          region lies in it: EBUSY).
  *   fork   ibv_fork_init / ibv_is_fork_initialized: IBV_FORK_UNNEEDED, and true: a child made
  *          by fork writes its own copy of registered memory (the parent's bytes do not
  *          change), and RDMA into the parent's region still lands after the fork.
@@ -897,6 +901,63 @@ static void family_events(struct ibv_context *ctx) {
     free(buf);
 }
 
+static void family_dm(struct ibv_context *ctx) {
+    struct ibv_device_attr_ex x;
+    CHECK(ibv_query_device_ex(ctx, NULL, &x) == 0);
+    CHECK(x.max_dm_size >= 4096);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    struct pair p;
+    pair_open(ctx, &p, &gid);
+    struct ibv_alloc_dm_attr da = {4096, 3, 0};
+    struct ibv_dm *dm = ibv_alloc_dm(ctx, &da);
+    CHECK(dm);
+    char pat[256];
+    for (int i = 0; i < 256; i++)
+        pat[i] = (char)(i * 7 + 1);
+    CHECK(ibv_memcpy_to_dm(dm, 512, pat, sizeof pat) == 0);
+    CHECK(ibv_memcpy_to_dm(dm, 4000, pat, 200) == EINVAL); /* past the end */
+    errno = 0;
+    CHECK(ibv_reg_dm_mr(p.pd, dm, 0, 4096, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL);
+    errno = 0;
+    CHECK(ibv_reg_dm_mr(p.pd, dm, 2048, 4096, IBV_ACCESS_ZERO_BASED) == NULL && errno == EINVAL);
+    struct ibv_mr *mr = ibv_reg_dm_mr(p.pd, dm, 0, 4096, IBV_ACCESS_ZERO_BASED | RC_ACCESS_ALL);
+    CHECK(mr);
+    /* Zero-based: the remote address is the offset in the region. */
+    CHECK(rdma(&p, IBV_WR_RDMA_READ, (void *)(uintptr_t)512, 256, mr->rkey) == IBV_WC_SUCCESS);
+    CHECK(memcmp(p.src, pat, 256) == 0);
+    memset(p.src, 'd', 128);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, (void *)(uintptr_t)1024, 128, mr->rkey) == IBV_WC_SUCCESS);
+    char back[128];
+    CHECK(ibv_memcpy_from_dm(back, dm, 1024, 128) == 0);
+    for (int i = 0; i < 128; i++)
+        CHECK(back[i] == 'd');
+    /* An atomic on device memory. */
+    uint64_t forty = 40;
+    CHECK(ibv_memcpy_to_dm(dm, 2048, &forty, 8) == 0);
+    struct ibv_sge ret = {(uintptr_t)p.src, 8, p.smr->lkey};
+    struct ibv_send_wr aw = {0};
+    aw.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    aw.sg_list = &ret;
+    aw.num_sge = 1;
+    aw.wr.atomic.remote_addr = 2048;
+    aw.wr.atomic.rkey = mr->rkey;
+    aw.wr.atomic.compare_add = 2;
+    post(p.qa, &aw);
+    CHECK(poll1(p.cq).status == IBV_WC_SUCCESS && *(uint64_t *)p.src == 40);
+    uint64_t now = 0;
+    CHECK(ibv_memcpy_from_dm(&now, dm, 2048, 8) == 0 && now == 42);
+    CHECK(ibv_free_dm(dm) == EBUSY);
+    CHECK(ibv_dereg_mr(mr) == 0 && ibv_free_dm(dm) == 0);
+    /* More than the device has. */
+    struct ibv_alloc_dm_attr huge = {x.max_dm_size + 1, 0, 0};
+    CHECK(ibv_alloc_dm(ctx, &huge) == NULL);
+    struct ibv_alloc_dm_attr zero = {0, 0, 0};
+    errno = 0;
+    CHECK(ibv_alloc_dm(ctx, &zero) == NULL && errno == EINVAL);
+    pair_close(&p);
+}
+
 static void family_fork(struct ibv_context *ctx) {
     CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED);
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
@@ -975,6 +1036,8 @@ int main(int argc, char **argv) {
         family_atomic_write(ctx);
     else if (!strcmp(argv[1], "events"))
         family_events(ctx);
+    else if (!strcmp(argv[1], "dm"))
+        family_dm(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);
