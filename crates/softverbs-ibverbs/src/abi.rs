@@ -81,8 +81,13 @@ pub struct verbs_context {
     pub reg_dm_mr: Option<RegDmMr>,
     pub alloc_dm: Option<AllocDm>,
     pub free_dm: Option<FreeDm>,
-    /// `modify_flow_action_esp` … `create_wq`.
-    pub _ex0: [Slot; 14],
+    /// `modify_flow_action_esp` … `modify_qp_rate_limit`.
+    pub _ex0b: [Slot; 4],
+    pub alloc_parent_domain: Option<AllocParentDomain>,
+    pub dealloc_td: Option<DeallocTd>,
+    pub alloc_td: Option<AllocTd>,
+    /// `modify_cq` … `create_wq`.
+    pub _ex0: [Slot; 7],
     pub query_rt_values: Option<QueryRtValues>,
     pub create_cq_ex: Option<CreateCqEx>,
     pub priv_: *mut c_void,
@@ -603,6 +608,33 @@ pub type RegDmMr =
     unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, usize, c_uint) -> *mut ibv_mr;
 pub type AllocDm = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
 pub type FreeDm = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
+pub type AllocParentDomain =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd;
+pub type DeallocTd = unsafe extern "C" fn(*mut ibv_td) -> c_int;
+pub type AllocTd = unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td;
+
+/// `struct ibv_td_init_attr`.
+#[repr(C)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_td`.
+#[repr(C)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_parent_domain_init_attr`.
+#[repr(C)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc: Slot,
+    pub free: Slot,
+    pub pd_context: *mut c_void,
+}
 
 /// `struct ibv_query_device_ex_input`.
 #[repr(C)]

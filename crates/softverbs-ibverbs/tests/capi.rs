@@ -233,6 +233,12 @@ fn c_device_memory() {
     run_c_program_with("conformance", false, &["dm"]);
 }
 
+/// `conformance domain`: thread and parent domains.
+#[test]
+fn c_thread_and_parent_domains() {
+    run_c_program_with("conformance", false, &["domain"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

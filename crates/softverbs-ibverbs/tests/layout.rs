@@ -48,7 +48,8 @@ fn checks() -> Checks {
         ibv_context_ops { poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv }
         ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
         verbs_context {
-            query_port, advise_mr, reg_dm_mr, alloc_dm, free_dm, query_rt_values,
+            query_port, advise_mr, reg_dm_mr, alloc_dm, free_dm, alloc_parent_domain,
+            dealloc_td, alloc_td, query_rt_values,
             create_cq_ex, priv_ = "priv", query_device_ex, create_qp_ex, _ABI_placeholder3, sz,
             context
         }
@@ -137,6 +138,9 @@ fn checks() -> Checks {
             device_cap_flags_ex, _rest = "tso_caps", max_dm_size, _tail = "pci_atomic_caps"
         }
         ibv_alloc_dm_attr { length, log_align_req, comp_mask }
+        ibv_td_init_attr { comp_mask }
+        ibv_td { context }
+        ibv_parent_domain_init_attr { pd, td, comp_mask, alloc, free, pd_context }
         ibv_dm { context, memcpy_to_dm, memcpy_from_dm, comp_mask, handle }
         ibv_query_device_ex_input { comp_mask }
         ibv_values_ex { comp_mask, raw_clock }

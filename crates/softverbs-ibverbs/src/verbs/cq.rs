@@ -206,10 +206,17 @@ pub(super) unsafe extern "C" fn create_cq_ex(
     let supported = softverbs_nic::types::WcExFlags::SUPPORTED;
     if a.wc_flags & !supported.bits() != 0
         || (a.comp_mask & CQ_INIT_FLAGS != 0 && a.flags & !CQ_ATTR_SINGLE_THREADED != 0)
-        || (a.comp_mask & CQ_INIT_PD != 0 && !a.parent_domain.is_null())
     {
         set_errno(libc::EOPNOTSUPP);
         return null_mut();
+    }
+    // A CQ may name a parent domain (for its thread domain and allocators, neither of which
+    // changes a softverbs CQ); anything else there is EINVAL.
+    // SAFETY: a PD of ours, or NULL.
+    if a.comp_mask & CQ_INIT_PD != 0
+        && !unsafe { super::domain::is_parent_of(a.parent_domain, ctx) }
+    {
+        return inval();
     }
     let Ok(cqe) = c_int::try_from(a.cqe) else {
         return inval();

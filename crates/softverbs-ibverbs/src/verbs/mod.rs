@@ -137,6 +137,8 @@ fn wait_rung(fd: c_int) -> std::result::Result<(), c_int> {
 struct SvPd {
     pd: ibv_pd,
     nic: Arc<Pd>,
+    /// For a parent domain (`ibv_alloc_parent_domain`): what it was made of.
+    parent: Option<domain::Parent>,
 }
 
 #[repr(C)]
@@ -334,6 +336,7 @@ mod ah;
 mod cq;
 mod device;
 mod dm;
+mod domain;
 mod events;
 mod mr;
 mod post;

@@ -16,6 +16,7 @@ pub unsafe extern "C" fn sv_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
                     handle: nic.id(),
                 },
                 nic,
+                parent: None,
             });
             Box::into_raw(b) as *mut ibv_pd
         }
@@ -28,9 +29,12 @@ pub unsafe extern "C" fn sv_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     if pd.is_null() {
         return EINVAL;
     }
-    // Memory regions, QPs, SRQs or address handles still in it: EBUSY, and it stays usable.
+    // Memory regions, QPs, SRQs or address handles still in it (or, for a protection domain,
+    // a parent domain over it): EBUSY, and it stays usable.
     // SAFETY: a PD of ours.
-    if unsafe { &*(pd as *const SvPd) }.nic.in_use() {
+    let sv = unsafe { &*(pd as *const SvPd) };
+    let own = usize::from(sv.parent.is_some()); // a parent domain's hold on its PD
+    if sv.nic.users() > own {
         return libc::EBUSY;
     }
     // SAFETY: `pd` came from `sv_ibv_alloc_pd` (Box::into_raw of an SvPd).

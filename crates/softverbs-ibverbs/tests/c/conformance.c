@@ -41,6 +41,10 @@
  *          ibv_reg_dm_mr region that RDMA READ, WRITE and an atomic reach; its errors
  *          (no ZERO_BASED, out of range, over max_dm_size: EINVAL/ENOMEM; free while a
  *          region lies in it: EBUSY).
+ *   domain thread and parent domains: a parent domain is its PD to every check (a QP made in
+ *          it talks to one made in the PD, through a region registered in either), a CQ may
+ *          name it; EBUSY for the thread domain and the PD while it exists, and for it while
+ *          objects live; its allocators are never called (see domain.rs).
  *   fork   ibv_fork_init / ibv_is_fork_initialized: IBV_FORK_UNNEEDED, and true: a child made
  *          by fork writes its own copy of registered memory (the parent's bytes do not
  *          change), and RDMA into the parent's region still lands after the fork.
@@ -958,6 +962,87 @@ static void family_dm(struct ibv_context *ctx) {
     pair_close(&p);
 }
 
+static int allocs;
+static void *count_alloc(struct ibv_pd *pd, void *pd_context, size_t size, size_t align,
+                         uint64_t type) {
+    (void)pd, (void)pd_context, (void)size, (void)align, (void)type;
+    allocs++;
+    return IBV_ALLOCATOR_USE_DEFAULT;
+}
+static void count_free(struct ibv_pd *pd, void *pd_context, void *ptr, uint64_t type) {
+    (void)pd, (void)pd_context, (void)ptr, (void)type;
+}
+
+static void family_domain(struct ibv_context *ctx) {
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    struct ibv_td_init_attr ta = {0};
+    struct ibv_td *td = ibv_alloc_td(ctx, &ta);
+    CHECK(td);
+    ta.comp_mask = 1;
+    errno = 0;
+    CHECK(ibv_alloc_td(ctx, &ta) == NULL && errno == EINVAL);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    CHECK(pd);
+    struct ibv_parent_domain_init_attr pa = {0};
+    pa.pd = pd;
+    pa.td = td;
+    pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+    pa.alloc = count_alloc;
+    pa.free = count_free;
+    pa.pd_context = &allocs;
+    struct ibv_pd *parent = ibv_alloc_parent_domain(ctx, &pa);
+    CHECK(parent);
+    /* Not over another parent domain, not without a PD. */
+    struct ibv_parent_domain_init_attr nested = pa;
+    nested.pd = parent;
+    errno = 0;
+    CHECK(ibv_alloc_parent_domain(ctx, &nested) == NULL && errno == EINVAL);
+    nested.pd = NULL;
+    CHECK(ibv_alloc_parent_domain(ctx, &nested) == NULL);
+    CHECK(ibv_dealloc_td(td) == EBUSY && ibv_dealloc_pd(pd) == EBUSY);
+
+    struct ibv_cq_init_attr_ex ca = {0};
+    ca.cqe = 16;
+    ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+    ca.parent_domain = parent;
+    struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &ca);
+    CHECK(cqx);
+    ca.parent_domain = pd; /* a plain PD is not a parent domain */
+    errno = 0;
+    CHECK(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EINVAL);
+    struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
+    struct ibv_qp_init_attr ia = rc_init_attr(cq, 8, 1);
+    struct ibv_qp *qa = ibv_create_qp(parent, &ia), *qb = ibv_create_qp(pd, &ia);
+    CHECK(qa && qb);
+    connect_rc_pair(qa, qb, &gid, RC_ACCESS_ALL);
+    char *src = malloc(4096), *dst = calloc(1, 4096);
+    CHECK(src && dst);
+    memset(src, 'p', 4096);
+    /* The source registered in the parent domain, the target in its PD: one protection domain. */
+    struct ibv_mr *smr = ibv_reg_mr(parent, src, 4096, RC_ACCESS_ALL);
+    struct ibv_mr *dmr = ibv_reg_mr(pd, dst, 4096, RC_ACCESS_ALL);
+    CHECK(smr && dmr && smr->pd == parent);
+    struct ibv_sge sge = {(uintptr_t)src, 4096, smr->lkey};
+    struct ibv_send_wr wr = {0};
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = (uintptr_t)dst;
+    wr.wr.rdma.rkey = dmr->rkey;
+    post(qa, &wr);
+    CHECK(poll1(cq).status == IBV_WC_SUCCESS && memcmp(src, dst, 4096) == 0);
+    CHECK(ibv_dealloc_pd(parent) == EBUSY);
+    CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
+    CHECK(ibv_dereg_mr(smr) == 0 && ibv_dereg_mr(dmr) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0);
+    CHECK(ibv_dealloc_pd(parent) == 0);
+    CHECK(ibv_dealloc_td(td) == 0 && ibv_dealloc_pd(pd) == 0);
+    CHECK(allocs == 0);
+    free(src);
+    free(dst);
+}
+
 static void family_fork(struct ibv_context *ctx) {
     CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED);
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
@@ -1038,6 +1123,8 @@ int main(int argc, char **argv) {
         family_events(ctx);
     else if (!strcmp(argv[1], "dm"))
         family_dm(ctx);
+    else if (!strcmp(argv[1], "domain"))
+        family_domain(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);

@@ -19,7 +19,8 @@ pub use attr::{
 };
 pub use context::Context;
 use qpn::QpNumbers;
-pub(crate) use resource::{Counted, InUse, Resource, Users};
+pub use resource::InUse;
+pub(crate) use resource::{Counted, Resource, Users};
 
 use crate::clock::Clock;
 use crate::config::{DeviceConfig, ENV_DEVICES};

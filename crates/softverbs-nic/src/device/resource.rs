@@ -49,12 +49,16 @@ impl Users {
     }
 
     pub(crate) fn any(&self) -> bool {
-        self.0.load(Ordering::Acquire) > 0
+        self.count() > 0
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.0.load(Ordering::Acquire)
     }
 }
 
 /// One user of an object; see [`Users`].
-pub(crate) struct InUse(Arc<AtomicUsize>);
+pub struct InUse(Arc<AtomicUsize>);
 
 impl Drop for InUse {
     fn drop(&mut self) {

@@ -46,6 +46,17 @@ impl Pd {
         self.users.any()
     }
 
+    /// How many objects use the PD now.
+    pub fn users(&self) -> usize {
+        self.users.count()
+    }
+
+    /// Counts the caller as a user of the PD until the guard is dropped (a parent domain
+    /// over it: the PD cannot be deallocated under it).
+    pub fn hold(&self) -> crate::device::InUse {
+        self.users.add()
+    }
+
     /// The context the PD belongs to.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
