@@ -239,6 +239,12 @@ fn c_thread_and_parent_domains() {
     run_c_program_with("conformance", false, &["domain"]);
 }
 
+/// `conformance srq_ah`: SRQ and AH creation limits, and the queries giving back what was set.
+#[test]
+fn c_conformance_srq_ah_and_queries() {
+    run_c_program_with("conformance", false, &["srq_ah"]);
+}
+
 /// The rate conversions are pure functions of rdma-core: `rates.c` prints them over a range of
 /// inputs, run once over the system's libibverbs and once over the drop-in; the two outputs
 /// must be the same.

@@ -45,6 +45,9 @@
  *          it talks to one made in the PD, through a region registered in either), a CQ may
  *          name it; EBUSY for the thread domain and the PD while it exists, and for it while
  *          objects live; its allocators are never called (see domain.rs).
+ *   srq_ah ibv_create_srq / ibv_modify_srq over the device's limits, ibv_create_ah with a bad
+ *          port, a GID index past the table or (on RoCE) no GRH: EINVAL; ibv_query_srq and
+ *          ibv_query_qp give back what was set.
  *   fork   ibv_fork_init / ibv_is_fork_initialized: IBV_FORK_UNNEEDED, and true: a child made
  *          by fork writes its own copy of registered memory (the parent's bytes do not
  *          change), and RDMA into the parent's region still lands after the fork.
@@ -1043,6 +1046,88 @@ static void family_domain(struct ibv_context *ctx) {
     free(dst);
 }
 
+static void family_srq_ah(struct ibv_context *ctx) {
+    struct ibv_device_attr a;
+    CHECK(ibv_query_device(ctx, &a) == 0);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    CHECK(pd);
+    struct ibv_srq_init_attr sa = {0};
+#define SRQ_REFUSED(wr, sge, limit)                                                            \
+    do {                                                                                       \
+        sa.attr.max_wr = (wr);                                                                 \
+        sa.attr.max_sge = (sge);                                                               \
+        sa.attr.srq_limit = (limit);                                                           \
+        errno = 0;                                                                             \
+        CHECK(ibv_create_srq(pd, &sa) == NULL && errno == EINVAL);                             \
+    } while (0)
+    SRQ_REFUSED((uint32_t)a.max_srq_wr + 1, 1, 0);
+    SRQ_REFUSED(16, (uint32_t)a.max_srq_sge + 1, 0);
+    SRQ_REFUSED(0, 1, 0);
+    SRQ_REFUSED(16, 1, 17); /* a limit above the size */
+#undef SRQ_REFUSED
+    sa.attr.max_wr = 16;
+    sa.attr.max_sge = 2;
+    sa.attr.srq_limit = 0;
+    struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+    CHECK(srq && sa.attr.max_wr >= 16 && sa.attr.max_sge >= 2);
+    struct ibv_srq_attr q;
+    CHECK(ibv_query_srq(srq, &q) == 0 && q.max_wr >= 16 && q.max_sge >= 2 && q.srq_limit == 0);
+    struct ibv_srq_attr m = {0};
+    m.srq_limit = q.max_wr + 1;
+    CHECK(ibv_modify_srq(srq, &m, IBV_SRQ_LIMIT) == EINVAL);
+    m.srq_limit = 4;
+    CHECK(ibv_modify_srq(srq, &m, IBV_SRQ_LIMIT) == 0);
+    CHECK(ibv_query_srq(srq, &q) == 0 && q.srq_limit == 4);
+    CHECK(ibv_destroy_srq(srq) == 0);
+
+    struct ibv_port_attr pa;
+    CHECK(ibv_query_port(ctx, 1, &pa) == 0);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    struct ibv_ah_attr ah = {0};
+    ah.is_global = 1;
+    ah.grh.dgid = gid;
+    ah.grh.hop_limit = 1;
+    ah.port_num = 2;
+    errno = 0;
+    CHECK(ibv_create_ah(pd, &ah) == NULL && errno == EINVAL);
+    ah.port_num = 1;
+    ah.grh.sgid_index = (uint8_t)pa.gid_tbl_len;
+    errno = 0;
+    CHECK(ibv_create_ah(pd, &ah) == NULL && errno == EINVAL);
+    ah.grh.sgid_index = 0;
+    if (pa.link_layer == IBV_LINK_LAYER_ETHERNET) {
+        ah.is_global = 0;
+        errno = 0;
+        CHECK(ibv_create_ah(pd, &ah) == NULL && errno == EINVAL);
+        ah.is_global = 1;
+    }
+    struct ibv_ah *h = ibv_create_ah(pd, &ah);
+    CHECK(h && ibv_destroy_ah(h) == 0);
+
+    /* ibv_query_qp gives back the attributes set. */
+    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(cq);
+    struct ibv_qp *qa, *qb;
+    create_rc_pair(pd, cq, &qa, &qb);
+    connect_rc_pair(qa, qb, &gid, IBV_ACCESS_REMOTE_READ);
+    struct ibv_qp_attr qattr;
+    struct ibv_qp_init_attr qinit;
+    CHECK(ibv_query_qp(qa, &qattr, IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_ACCESS_FLAGS |
+                                       IBV_QP_PATH_MTU | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
+                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER | IBV_QP_CAP,
+                       &qinit) == 0);
+    CHECK(qattr.qp_state == IBV_QPS_RTS && qattr.dest_qp_num == qb->qp_num);
+    CHECK(qattr.qp_access_flags == IBV_ACCESS_REMOTE_READ && qattr.path_mtu == IBV_MTU_1024);
+    CHECK(qattr.timeout == 14 && qattr.retry_cnt == 7 && qattr.rnr_retry == 7);
+    CHECK(qattr.max_rd_atomic == 1 && qattr.max_dest_rd_atomic == 1 && qattr.min_rnr_timer == 12);
+    CHECK(qinit.send_cq == cq && qinit.recv_cq == cq && qinit.qp_type == IBV_QPT_RC);
+    CHECK(qinit.cap.max_send_wr >= 16 && qattr.cap.max_send_wr == qinit.cap.max_send_wr);
+    CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+}
+
 static void family_fork(struct ibv_context *ctx) {
     CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED);
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
@@ -1125,6 +1210,8 @@ int main(int argc, char **argv) {
         family_dm(ctx);
     else if (!strcmp(argv[1], "domain"))
         family_domain(ctx);
+    else if (!strcmp(argv[1], "srq_ah"))
+        family_srq_ah(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);
