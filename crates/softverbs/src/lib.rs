@@ -55,6 +55,7 @@ pub use softverbs_nic::config::{DeviceConfig, ENV_DEVICES, Limits};
 pub use softverbs_nic::device::event::{AsyncEvent, EventElement};
 pub use softverbs_nic::device::{DeviceAttr, OdpCaps, PortAttr, cap_flags, cap_flags_ex};
 pub use softverbs_nic::mr::ordering::{OrderingObserver, ScrambledPiece};
+pub use softverbs_nic::pd::Prefetch;
 pub use softverbs_nic::qp::wr::SendOp;
 pub use softverbs_nic::qp::{PostError, QpAttr, QpCap};
 pub use softverbs_nic::types::{

@@ -11,7 +11,7 @@ use crate::{
 };
 use softverbs_nic::device_memory::segment::Segment;
 use softverbs_nic::mr::store::LayoutSource;
-use softverbs_nic::pd::{Mr, Pd};
+use softverbs_nic::pd::{Mr, Pd, Prefetch};
 use softverbs_nic::qp::QpInit;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -103,6 +103,14 @@ impl ProtectionDomain {
                 .reg_mr(addr as usize, len, iova, access.bits(), None)?
         };
         Ok(MemoryRegion::unbacked(mr))
+    }
+
+    /// `ibv_advise_mr`: faults in the pages of on-demand regions of this PD that `sges`
+    /// name (lkey, address, length), before traffic needs them. `InvalidArgument` for a key
+    /// that is not an on-demand region of this PD (or `Write` without `LOCAL_WRITE`),
+    /// `BadAddress` for memory that is not mapped.
+    pub fn advise_mr(&self, advice: Prefetch, sges: &[Sge]) -> Result<()> {
+        Ok(self.inner.prefetch(advice, sges)?)
     }
 
     /// Allocates `len` zeroed, page-aligned bytes in shared memory and registers them: the

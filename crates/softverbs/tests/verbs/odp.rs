@@ -95,3 +95,37 @@ fn an_implicit_region_reaches_any_address_and_refuses_unmapped_ones() {
         WcStatus::RemAccessErr
     );
 }
+
+/// `advise_mr` prefetches an on-demand region's pages, and refuses a plain region and
+/// memory that is not mapped.
+#[test]
+fn advise_mr_prefetches_on_demand_pages_only() {
+    let p = pair(QpType::Rc);
+    let at = fresh(BIG);
+    // SAFETY: the mapping outlives the region; nothing else refers to it.
+    let mr = unsafe { p.pd.reg_mr_raw(at, BIG, at as u64, ODP) }.unwrap();
+    let all = Sge {
+        addr: at as u64,
+        length: BIG as u32,
+        lkey: mr.lkey(),
+    };
+    p.pd.advise_mr(Prefetch::Write, &[all]).unwrap();
+    p.pd.advise_mr(Prefetch::Read, &[all]).unwrap();
+    let plain = p.pd.alloc_mr(64, ALL_REMOTE).unwrap();
+    let e =
+        p.pd.advise_mr(Prefetch::Read, &[plain.sge(0..64)])
+            .unwrap_err();
+    assert_eq!(e.errno(), 22, "{e}");
+    // SAFETY: the last page of our own mapping; the region may lose pages.
+    unsafe { munmap(at.add(BIG - 4096) as *mut _, 4096) }.unwrap();
+    let gone = Sge {
+        addr: at as u64 + (BIG - 4096) as u64,
+        length: 4096,
+        lkey: mr.lkey(),
+    };
+    let e = p.pd.advise_mr(Prefetch::Write, &[gone]).unwrap_err();
+    assert_eq!(e.errno(), 14, "{e}");
+    drop(mr);
+    // SAFETY: the rest of the mapping, no longer registered.
+    unsafe { munmap(at as *mut _, BIG - 4096) }.unwrap();
+}
