@@ -110,7 +110,7 @@ impl ProtectionDomain {
     /// that is not an on-demand region of this PD (or `Write` without `LOCAL_WRITE`),
     /// `BadAddress` for memory that is not mapped.
     pub fn advise_mr(&self, advice: Prefetch, sges: &[Sge]) -> Result<()> {
-        Ok(self.inner.prefetch(advice, sges)?)
+        self.inner.prefetch(advice, sges)
     }
 
     /// Allocates `len` zeroed, page-aligned bytes in shared memory and registers them: the
