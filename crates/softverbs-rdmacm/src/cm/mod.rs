@@ -419,7 +419,7 @@ impl Cm {
             return Err(libc::EINVAL);
         }
         let ps = c.ps;
-        let (port, sock) = wire::bind_port(ps, addr.port())?;
+        let (port, sock) = self.bind_port(ps, addr.port())?;
         let c = self.conns.get_mut(&i).ok_or(libc::EINVAL)?;
         c.port = Some(sock);
         let mut bound = addr;
@@ -431,6 +431,28 @@ impl Cm {
         }
         self.write_route(i);
         Ok(())
+    }
+
+    /// Binds `port` of port space `ps`. A port this process's id just gave up can still be
+    /// bound for a moment: the agent thread's `poll` holds the closed socket (and so its
+    /// name) until it returns. So a busy port is tried again, with the agent woken, for up
+    /// to 100 ms before it is EADDRINUSE (perftest's `-R` server binds its port again right
+    /// after destroying the id that had it).
+    fn bind_port(
+        &self,
+        ps: c_int,
+        port: u16,
+    ) -> Result<(u16, std::os::unix::net::UnixDatagram), c_int> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
+        loop {
+            match wire::bind_port(ps, port) {
+                Err(libc::EADDRINUSE) if port != 0 && std::time::Instant::now() < deadline => {
+                    self.wake_agent();
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Records that id `i` is on device `p.dev` with GID `p.gid_index`.
