@@ -504,33 +504,32 @@ fn mpi_pingpong_exe() -> PathBuf {
 /// Runs the ping-pong under `softverbs run -- mpirun -np 2 MCA…` and returns the latency
 /// rank 0 printed, in µs.
 fn mpi_latency(mca: &[&str], devices: Option<&str>, iters: u32) -> f64 {
+    let args = mpirun_line(&["-np", "2", "--oversubscribe"], mca, iters);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    mpi_run(softverbs_run(&args, devices), &args, iters)
+}
+
+/// `mpirun --allow-run-as-root OPTIONS… MCA… ./pingpong ITERS 8`.
+fn mpirun_line(options: &[&str], mca: &[&str], iters: u32) -> Vec<String> {
     let exe = mpi_pingpong_exe();
     let exe = exe.to_str().expect("UTF-8 path");
     let n = iters.to_string();
-    let mut args = vec![
-        "mpirun",
-        "--allow-run-as-root",
-        "-np",
-        "2",
-        "--oversubscribe",
-    ];
-    args.extend_from_slice(mca);
-    args.extend_from_slice(&[exe, &n, "8"]);
-    mpi_run(softverbs_run(&args, devices), &args, iters)
+    ["mpirun", "--allow-run-as-root"]
+        .iter()
+        .chain(options)
+        .chain(mca)
+        .chain(&[exe, &n, "8"])
+        .map(|s| s.to_string())
+        .collect()
 }
 
 /// The ping-pong with one rank in each of `net`'s hosts: `mpirun` in host A starts both
 /// ranks' `orted` through [`rsh_agent`] (see the module doc).
 fn mpi_latency_between(net: &NetPair, mca: &[&str], iters: u32) -> f64 {
-    let exe = mpi_pingpong_exe();
-    let exe = exe.to_str().expect("UTF-8 path");
     let agent = rsh_agent(net);
     let agent = agent.to_str().expect("UTF-8 path");
     let hosts = format!("{},{}", net.a().netns, net.b().netns);
-    let n = iters.to_string();
-    let mut args = vec![
-        "mpirun",
-        "--allow-run-as-root",
+    let options = [
         "--bind-to",
         "none",
         "--mca",
@@ -541,8 +540,8 @@ fn mpi_latency_between(net: &NetPair, mca: &[&str], iters: u32) -> f64 {
         "-np",
         "2",
     ];
-    args.extend_from_slice(mca);
-    args.extend_from_slice(&[exe, &n, "8"]);
+    let args = mpirun_line(&options, mca, iters);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cmd = net.a().command(args[0]);
     cmd.args(&args[1..])
         .env_remove("SOFTVERBS_DEVICES")

@@ -55,6 +55,16 @@ static inline void create_rc_pair(struct ibv_pd *pd, struct ibv_cq *cq, struct i
     CHECK(*qa && *qb);
 }
 
+/* An address vector to `gid` on port 1, with a GRH (which a RoCE port needs). */
+static inline struct ibv_ah_attr ah_to(union ibv_gid *gid) {
+    struct ibv_ah_attr a = {0};
+    a.is_global = 1;
+    a.grh.dgid = *gid;
+    a.grh.hop_limit = 1;
+    a.port_num = 1;
+    return a;
+}
+
 /* RESET → INIT → RTR → RTS, connected to QP `dest` on port 1 of `gid`, allowing `access`. */
 static inline void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid, int access) {
     struct ibv_qp_attr a = {0};
@@ -69,10 +79,7 @@ static inline void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid, 
     a.dest_qp_num = dest;
     a.max_dest_rd_atomic = 1;
     a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = *gid;
-    a.ah_attr.grh.hop_limit = 1;
-    a.ah_attr.port_num = 1;
+    a.ah_attr = ah_to(gid);
     CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
                                     IBV_QP_MIN_RNR_TIMER) == 0);

@@ -165,11 +165,7 @@ static void family_busy(struct ibv_context *ctx) {
 
     union ibv_gid gid;
     CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
-    struct ibv_ah_attr aa = {0};
-    aa.is_global = 1;
-    aa.grh.dgid = gid;
-    aa.grh.hop_limit = 1;
-    aa.port_num = 1;
+    struct ibv_ah_attr aa = ah_to(&gid);
     struct ibv_ah *ah = ibv_create_ah(pd, &aa);
     CHECK(ah);
 
@@ -463,10 +459,7 @@ static void family_modify(struct ibv_context *ctx) {
     r.dest_qp_num = qb->qp_num;
     r.max_dest_rd_atomic = 1;
     r.min_rnr_timer = 12;
-    r.ah_attr.is_global = 1;
-    r.ah_attr.grh.dgid = gid;
-    r.ah_attr.grh.hop_limit = 1;
-    r.ah_attr.port_num = 1;
+    r.ah_attr = ah_to(&gid);
     int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     int required[] = {IBV_QP_AV, IBV_QP_PATH_MTU, IBV_QP_DEST_QPN, IBV_QP_RQ_PSN,
@@ -805,11 +798,7 @@ static void family_atomic_write(struct ibv_context *ctx) {
     CHECK(ibv_modify_qp(ud, &ua, IBV_QP_STATE) == 0);
     ua.qp_state = IBV_QPS_RTS;
     CHECK(ibv_modify_qp(ud, &ua, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
-    struct ibv_ah_attr aa = {0};
-    aa.is_global = 1;
-    aa.grh.dgid = gid;
-    aa.grh.hop_limit = 1;
-    aa.port_num = 1;
+    struct ibv_ah_attr aa = ah_to(&gid);
     struct ibv_ah *ah = ibv_create_ah(pd, &aa);
     CHECK(ah);
     wr.wr.ud.ah = ah;
@@ -1084,10 +1073,7 @@ static void family_srq_ah(struct ibv_context *ctx) {
     CHECK(ibv_query_port(ctx, 1, &pa) == 0);
     union ibv_gid gid;
     CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
-    struct ibv_ah_attr ah = {0};
-    ah.is_global = 1;
-    ah.grh.dgid = gid;
-    ah.grh.hop_limit = 1;
+    struct ibv_ah_attr ah = ah_to(&gid);
     ah.port_num = 2;
     errno = 0;
     CHECK(ibv_create_ah(pd, &ah) == NULL && errno == EINVAL);

@@ -233,6 +233,39 @@ impl Responder {
         }
     }
 
+    /// A READ of `len` bytes at `va` (or an ATOMIC WRITE, `len` 0) taking PSNs
+    /// `first..first + npkts` was executed: keep its resource for duplicates, queue its
+    /// response and expect the PSN after it.
+    fn answer_like_read(
+        &mut self,
+        s: &mut Shared,
+        first: Psn,
+        npkts: u32,
+        va: u64,
+        rkey: u32,
+        len: u64,
+    ) {
+        self.remember(
+            s,
+            Resource {
+                first,
+                npkts,
+                kind: ResourceKind::Read { va, rkey, len },
+            },
+        );
+        self.msn = (self.msn + 1) & 0xff_ffff;
+        self.replies.push_back(Reply::Read {
+            first,
+            npkts,
+            next: first,
+            va,
+            rkey,
+            len,
+            replay: false,
+        });
+        self.epsn = self.epsn.add(npkts);
+    }
+
     /// Executes the request packet at the expected PSN.
     fn execute<M: Memory>(
         &mut self,
@@ -409,29 +442,7 @@ impl Responder {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError, None));
             }
             let npkts = len.div_ceil(pmtu).max(1) as u32;
-            self.remember(
-                s,
-                Resource {
-                    first: bth.psn,
-                    npkts,
-                    kind: ResourceKind::Read {
-                        va: reth.va,
-                        rkey: reth.rkey,
-                        len,
-                    },
-                },
-            );
-            self.msn = (self.msn + 1) & 0xff_ffff;
-            self.replies.push_back(Reply::Read {
-                first: bth.psn,
-                npkts,
-                next: bth.psn,
-                va: reth.va,
-                rkey: reth.rkey,
-                len,
-                replay: false,
-            });
-            self.epsn = self.epsn.add(npkts);
+            self.answer_like_read(s, bth.psn, npkts, reth.va, reth.rkey, len);
             return Ok(());
         } else if op == Op::AtomicWrite {
             let Some(reth) = h.reth else {
@@ -452,29 +463,7 @@ impl Responder {
                 Err(_) => return Err(Refusal::Nak(NakCode::RemoteAccessError, None)),
             }
             // Answered and replayed like a READ of no bytes.
-            self.remember(
-                s,
-                Resource {
-                    first: bth.psn,
-                    npkts: 1,
-                    kind: ResourceKind::Read {
-                        va: reth.va,
-                        rkey: reth.rkey,
-                        len: 0,
-                    },
-                },
-            );
-            self.msn = (self.msn + 1) & 0xff_ffff;
-            self.replies.push_back(Reply::Read {
-                first: bth.psn,
-                npkts: 1,
-                next: bth.psn,
-                va: reth.va,
-                rkey: reth.rkey,
-                len: 0,
-                replay: false,
-            });
-            self.epsn = self.epsn.add(1);
+            self.answer_like_read(s, bth.psn, 1, reth.va, reth.rkey, 0);
             return Ok(());
         } else if op.is_atomic() {
             let Some(a) = h.atomic_eth else {

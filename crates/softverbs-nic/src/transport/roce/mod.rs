@@ -126,29 +126,26 @@ impl Offload for NetQp {
                 h.compare_add = compare;
                 h.swap = swap;
             }
+            // The engine carries the operand (the add, the word to store) in `compare_add`.
             SendOp::FetchAdd {
                 remote_addr,
                 rkey,
-                add,
+                add: operand,
+            }
+            | SendOp::AtomicWrite {
+                remote_addr,
+                rkey,
+                value: operand,
             } => {
                 h.remote_addr = remote_addr;
                 h.rkey = rkey;
-                h.compare_add = add;
+                h.compare_add = operand;
             }
             SendOp::Send | SendOp::SendWithImm { .. } => {}
             SendOp::BindLayout { .. } => {
                 return Err(Error::Unsupported(
                     "layout binds on networked devices".into(),
                 ));
-            }
-            SendOp::AtomicWrite {
-                remote_addr,
-                rkey,
-                value,
-            } => {
-                h.remote_addr = remote_addr;
-                h.rkey = rkey;
-                h.compare_add = value;
             }
         }
         if let Some(ud) = &w.ud {
