@@ -1116,20 +1116,15 @@ static void family_srq_ah(struct ibv_context *ctx) {
 
 static void family_fork(struct ibv_context *ctx) {
     CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED);
-    struct ibv_pd *pd = ibv_alloc_pd(ctx);
-    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-    CHECK(pd && cq);
-    struct ibv_qp *qa, *qb;
-    create_rc_pair(pd, cq, &qa, &qb);
     union ibv_gid gid;
     CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
-    connect_rc_pair(qa, qb, &gid, RC_ACCESS_ALL);
-    size_t len = 8192;
-    char *target = malloc(len), *src = malloc(len);
-    CHECK(target && src);
-    struct ibv_mr *tmr = ibv_reg_mr(pd, target, len, RC_ACCESS_ALL);
-    struct ibv_mr *smr = ibv_reg_mr(pd, src, len, RC_ACCESS_ALL);
-    CHECK(tmr && smr);
+    struct pair p;
+    pair_open(ctx, &p, &gid);
+    size_t len = 4096;
+    char *target = malloc(len);
+    CHECK(target);
+    struct ibv_mr *tmr = ibv_reg_mr(p.pd, target, len, RC_ACCESS_ALL);
+    CHECK(tmr);
     memset(target, 'P', len);
 
     pid_t child = fork();
@@ -1145,24 +1140,13 @@ static void family_fork(struct ibv_context *ctx) {
         CHECK(target[i] == 'P');
 
     /* The parent's registrations still work: an RDMA WRITE lands in the parent. */
-    memset(src, 'W', len);
-    struct ibv_sge sge = {(uintptr_t)src, (uint32_t)len, smr->lkey};
-    struct ibv_send_wr wr = {0};
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.wr.rdma.remote_addr = (uintptr_t)target;
-    wr.wr.rdma.rkey = tmr->rkey;
-    post(qa, &wr);
-    struct ibv_wc wc = poll1(cq);
-    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE);
+    memset(p.src, 'W', len);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, target, (uint32_t)len, tmr->rkey) == IBV_WC_SUCCESS);
     for (size_t i = 0; i < len; i++)
         CHECK(target[i] == 'W');
-    CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
-    CHECK(ibv_dereg_mr(tmr) == 0 && ibv_dereg_mr(smr) == 0);
-    CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+    CHECK(ibv_dereg_mr(tmr) == 0);
+    pair_close(&p);
     free(target);
-    free(src);
 }
 
 int main(int argc, char **argv) {
