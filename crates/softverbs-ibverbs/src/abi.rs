@@ -40,13 +40,21 @@ pub type PostRecv =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type CreateQpEx =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+pub type AllocMw = unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut ibv_mw;
+pub type BindMw = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+pub type DeallocMw = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
 pub type AdviseMr = unsafe extern "C" fn(*mut ibv_pd, c_int, u32, *mut ibv_sge, u32) -> c_int;
 pub type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 
-/// `struct ibv_context_ops`: 32 pointers; only the data-path ones are filled.
+/// `struct ibv_context_ops`: 32 pointers; only the data-path and memory-window ones are
+/// filled.
 #[repr(C)]
 pub struct ibv_context_ops {
-    pub _compat0: [Slot; 11],
+    pub _compat0: [Slot; 7],
+    pub alloc_mw: Option<AllocMw>,
+    pub bind_mw: Option<BindMw>,
+    pub dealloc_mw: Option<DeallocMw>,
+    pub _compat0b: Slot,
     pub poll_cq: Option<PollCq>,
     pub req_notify_cq: Option<ReqNotifyCq>,
     pub _compat1: [Slot; 7],
@@ -189,6 +197,31 @@ pub struct ibv_mr {
     pub handle: u32,
     pub lkey: u32,
     pub rkey: u32,
+}
+
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`.
+    pub type_: c_int,
+}
+
+#[repr(C)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 #[repr(C)]
@@ -482,14 +515,14 @@ pub struct ibv_qp_ex {
     pub wr_flags: c_uint,
     pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(Qx, u32, u64, u64, u64)>,
     pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(Qx, u32, u64, u64)>,
-    pub wr_bind_mw: Slot,
-    pub wr_local_inv: Slot,
+    pub wr_bind_mw: Option<unsafe extern "C" fn(Qx, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
+    pub wr_local_inv: Option<unsafe extern "C" fn(Qx, u32)>,
     pub wr_rdma_read: Option<unsafe extern "C" fn(Qx, u32, u64)>,
     pub wr_rdma_write: Option<unsafe extern "C" fn(Qx, u32, u64)>,
     pub wr_rdma_write_imm: Option<unsafe extern "C" fn(Qx, u32, u64, u32)>,
     pub wr_send: Option<unsafe extern "C" fn(Qx)>,
     pub wr_send_imm: Option<unsafe extern "C" fn(Qx, u32)>,
-    pub wr_send_inv: Slot,
+    pub wr_send_inv: Option<unsafe extern "C" fn(Qx, u32)>,
     pub wr_send_tso: Slot,
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(Qx, *mut ibv_ah, u32, u32)>,
     pub wr_set_xrc_srqn: Slot,

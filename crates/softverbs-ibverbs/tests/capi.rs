@@ -214,6 +214,13 @@ fn c_on_demand_paging() {
     run_c_program_with("conformance", false, &["odp"]);
 }
 
+/// `conformance mw`: memory windows of type 1 and 2 through `ibv_post_send`, `ibv_bind_mw`
+/// and the `ibv_wr_*` API, remote and local invalidation, and the bind errors.
+#[test]
+fn c_memory_windows() {
+    run_c_program_with("conformance", false, &["mw"]);
+}
+
 /// `conformance awrite`: RDMA ATOMIC WRITE through `ibv_wr_atomic_write` and `ibv_post_send`,
 /// its cap, and its errors.
 #[test]

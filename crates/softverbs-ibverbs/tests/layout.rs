@@ -45,7 +45,10 @@ fn checks() -> Checks {
     };
     mirror!(c,
         ibv_device { _ops, node_type, transport_type, name, dev_name, dev_path, ibdev_path }
-        ibv_context_ops { poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv }
+        ibv_context_ops {
+            alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq, post_srq_recv, post_send,
+            post_recv
+        }
         ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
         verbs_context {
             query_port, advise_mr, reg_dm_mr, alloc_dm, free_dm, alloc_parent_domain,
@@ -70,6 +73,9 @@ fn checks() -> Checks {
         }
         ibv_pd { context, handle }
         ibv_mr { context, pd, addr, length, handle, lkey, rkey }
+        ibv_mw { context, pd, rkey, handle, type_ = "type" }
+        ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+        ibv_mw_bind { wr_id, send_flags, bind_info }
         ibv_comp_channel { context, fd, refcnt }
         ibv_cq {
             context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,

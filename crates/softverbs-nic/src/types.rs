@@ -33,6 +33,7 @@ impl AccessFlags {
         .union(AccessFlags::REMOTE_WRITE)
         .union(AccessFlags::REMOTE_READ)
         .union(AccessFlags::REMOTE_ATOMIC)
+        .union(AccessFlags::MW_BIND)
         .union(AccessFlags::ZERO_BASED)
         .union(AccessFlags::HUGETLB)
         .union(AccessFlags::ON_DEMAND);
@@ -166,8 +167,13 @@ verbs_enum!(
         RdmaRead = 4,
         AtomicCmpAndSwp = 5,
         AtomicFetchAndAdd = 6,
-        /// `IBV_WR_BIND_MW`; softverbs uses it for [`SendOp::BindLayout`](crate::qp::wr::SendOp::BindLayout).
+        LocalInv = 7,
         BindMw = 8,
+        SendWithInv = 9,
+        /// `IBV_WR_DRIVER1`, the provider's own opcode: softverbs' layout bind
+        /// ([`SendOp::BindLayout`](crate::qp::wr::SendOp::BindLayout), the seed's
+        /// `IBV_WR_BIND_MR`).
+        Driver1 = 11,
         AtomicWrite = 15,
     }
 );

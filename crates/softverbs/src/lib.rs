@@ -45,7 +45,7 @@ pub use cq::{
     TypedCompletionQueue, TypedCursor, WorkCompletion, cq_init_attr_mask, fields,
 };
 pub use device::{Context, Device, DeviceBuilder, DeviceClock, devices};
-pub use mr::{MemoryRegion, ProtectionDomain};
+pub use mr::{MemoryRegion, MemoryWindow, ProtectionDomain};
 pub use qp::{
     AddressHandle, Endpoint, QpInitAttr, QueuePair, RecvWr, SendWr, SharedReceiveQueue, SrqAttr,
     UdTarget, WrData, address_vector,
@@ -55,7 +55,7 @@ pub use softverbs_nic::config::{DeviceConfig, ENV_DEVICES, Limits};
 pub use softverbs_nic::device::event::{AsyncEvent, EventElement};
 pub use softverbs_nic::device::{DeviceAttr, OdpCaps, PortAttr, cap_flags, cap_flags_ex};
 pub use softverbs_nic::mr::ordering::{OrderingObserver, ScrambledPiece};
-pub use softverbs_nic::pd::Prefetch;
+pub use softverbs_nic::pd::{MwType, Prefetch, inc_rkey};
 pub use softverbs_nic::qp::wr::SendOp;
 pub use softverbs_nic::qp::{PostError, QpAttr, QpCap};
 pub use softverbs_nic::types::{

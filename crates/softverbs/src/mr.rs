@@ -7,11 +7,12 @@
 
 use crate::qp::{AddressHandle, QpInitAttr, QueuePair, SharedReceiveQueue, SrqAttr};
 use crate::{
-    AccessFlags, AhAttr, Datum, Error, InterleavedEntry, Layout, Result, SetLayoutFlags, Sge,
+    AccessFlags, AhAttr, Datum, Error, InterleavedEntry, Layout, Result, SendOp, SetLayoutFlags,
+    Sge,
 };
 use softverbs_nic::device_memory::segment::Segment;
 use softverbs_nic::mr::store::LayoutSource;
-use softverbs_nic::pd::{Mr, Pd, Prefetch};
+use softverbs_nic::pd::{Mr, Mw, MwType, Pd, Prefetch, inc_rkey};
 use softverbs_nic::qp::QpInit;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -28,8 +29,8 @@ impl ProtectionDomain {
     /// `ibv_reg_mr` over `buf`, which stays borrowed until the region is dropped.
     ///
     /// Access rules: unknown bits and `REMOTE_WRITE`/`REMOTE_ATOMIC` without `LOCAL_WRITE` are
-    /// `Error::InvalidArgument` (EINVAL); known bits the device lacks (`MW_BIND`,
-    /// `FLUSH_*`) are `Error::Unsupported`; optional bits 20..=29 the device lacks are
+    /// `Error::InvalidArgument` (EINVAL); known bits the device lacks (`FLUSH_*`) are
+    /// `Error::Unsupported`; optional bits 20..=29 the device lacks are
     /// dropped — [`MemoryRegion::access`] tells which bits took effect. `ON_DEMAND` regions
     /// are reached through cross-memory attach, so pages that are not mapped when the NIC
     /// needs them give error completions rather than faults (see
@@ -238,11 +239,88 @@ impl ProtectionDomain {
         })
     }
 
+    /// `ibv_alloc_mw`: an unbound memory window of this PD. Bind it with
+    /// [`MemoryWindow::bind`] (posted as [`SendOp::BindMw`](crate::SendOp::BindMw)); its
+    /// rkey then reaches the bound part of the region with the window's own rights.
+    ///
+    /// ```
+    /// use softverbs::*;
+    /// let ctx = softverbs::devices()?[0].open()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let cq = ctx.create_cq(8, None)?;
+    /// let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+    /// let mw = pd.alloc_mw(MwType::Type2)?;
+    /// let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq))?;
+    /// qp.connect(&qp.endpoint(0)?, 0, AccessFlags::REMOTE_WRITE)?;
+    /// // Remote write into bytes 1024..2048 only, through this QP only.
+    /// let bind = mw.bind(&mr, 1024..2048, AccessFlags::REMOTE_WRITE);
+    /// qp.post_send([SendWr::new(1, bind, &[]).flags(SendFlags::SIGNALED)])?;
+    /// assert!(cq.wait_one()?.is_ok());
+    /// assert_eq!(mw.rkey() & 0xff, 2); // the consumer key went up by one
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn alloc_mw(&self, kind: MwType) -> Result<MemoryWindow> {
+        Ok(MemoryWindow {
+            inner: self.inner.alloc_mw(kind)?,
+        })
+    }
+
     /// `ibv_create_ah`.
     pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
         Ok(AddressHandle {
             inner: self.inner.create_ah(attr)?,
         })
+    }
+}
+
+/// A memory window (`struct ibv_mw`). Dropping it unbinds and frees it.
+pub struct MemoryWindow {
+    inner: Mw,
+}
+
+impl MemoryWindow {
+    /// The window's rkey: the one the last bind made for it ([`bind`](Self::bind)), which
+    /// reaches the bound range once that bind has executed.
+    pub fn rkey(&self) -> u32 {
+        self.inner.rkey()
+    }
+
+    /// Type 1 or 2.
+    pub fn kind(&self) -> MwType {
+        self.inner.kind()
+    }
+
+    /// The bind work request for `range` (byte offsets) of `mr` with rights `access`
+    /// (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`), with the next rkey
+    /// (`ibv_inc_rkey`), which [`rkey`](Self::rkey) reports from now on. Post it on a QP of
+    /// the window's PD; an empty range unbinds a type-1 window. A bind that breaks the rules
+    /// completes with `MW_BIND_ERR` (the region needs `MW_BIND`, and `LOCAL_WRITE` for a
+    /// writable window; a type-2 window must be free).
+    pub fn bind(&self, mr: &MemoryRegion<'_>, range: Range<usize>, access: AccessFlags) -> SendOp {
+        let rkey = inc_rkey(self.inner.rkey());
+        self.inner.set_rkey(rkey);
+        let length = range.end.saturating_sub(range.start) as u64;
+        SendOp::BindMw {
+            window: self.inner.handle(),
+            rkey,
+            mr: mr.lkey(),
+            addr: if length == 0 {
+                0
+            } else {
+                mr.iova().wrapping_add(range.start as u64)
+            },
+            length,
+            access,
+        }
+    }
+}
+
+impl std::fmt::Debug for MemoryWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryWindow")
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
+            .field("kind", &self.kind())
+            .finish()
     }
 }
 
@@ -263,10 +341,12 @@ impl<'a> MemoryRegion<'a> {
         }
     }
 
-    /// `ibv_dereg_mr` with its result: [`Error::Busy`] (EBUSY) while a non-contiguous layout
-    /// uses this region — deregister or re-lay-out that layout's region first — and the
-    /// region is handed back unchanged. (Dropping a region deregisters it regardless; layouts
-    /// that still name it then fail their accesses with protection or remote-access errors.)
+    /// `ibv_dereg_mr` with its result: [`Error::Busy`] (EBUSY) while a memory window is bound
+    /// to this region or a non-contiguous layout uses it — unbind, invalidate or free the
+    /// window, or deregister or re-lay-out that layout's region first — and the region is
+    /// handed back unchanged. (Dropping a region deregisters it regardless; its windows are
+    /// unbound, and layouts that still name it fail their accesses with protection or
+    /// remote-access errors.)
     #[allow(clippy::result_large_err)]
     pub fn dereg(self) -> std::result::Result<(), (MemoryRegion<'a>, Error)> {
         match self.mr.check_dereg() {

@@ -338,13 +338,14 @@ static inline size_t ibv_wc_ex_get_size(uint64_t flags)
  *
  * IBV_MR_SET_LAYOUT_WITH_POST_WR. The layout is staged, and takes effect when a bind work
  * request for the container executes on a QP of the container's PD; work requests posted
- * after it on that QP already see it. softverbs' form of the seed's IBV_WR_BIND_MR is
- * IBV_WR_BIND_MW with the container where the seed's wr->mr_set_layout.mr lies (the shipped
- * header's wr->bind_mw.mw, the same bytes): fill it with ibv_wr_bind_mr() below and post it
- * with ibv_post_send(). It takes no SGEs and completes with opcode IBV_WC_BIND_MW
- * (IBV_WC_MW_BIND_ERR when nothing is staged or the QP has another PD). ibv_post_send()
- * fails with EINVAL for an IBV_WR_BIND_MW naming anything but a live container (softverbs has
- * no memory windows). The ibv_qp_ex (ibv_wr_*) interface has no bind for layouts.
+ * after it on that QP already see it. softverbs' form of the seed's IBV_WR_BIND_MR is the
+ * provider's own opcode, IBV_WR_DRIVER1, with the container where the seed's
+ * wr->mr_set_layout.mr lies (the shipped header's wr->bind_mw.mw, the same bytes): fill it
+ * with ibv_wr_bind_mr() below and post it with ibv_post_send(). It takes no SGEs and completes
+ * with opcode IBV_WC_BIND_MW (IBV_WC_MW_BIND_ERR when nothing is staged or the QP has another
+ * PD). ibv_post_send() fails with EINVAL for an IBV_WR_BIND_MR naming anything but a live
+ * container. IBV_WR_BIND_MW is the memory-window bind of verbs.h (ibv_alloc_mw), unrelated to
+ * layouts. The ibv_qp_ex (ibv_wr_*) interface has no bind for layouts.
  *
  * Deregistration. ibv_dereg_mr() of a region a layout uses (as a datum, or nested) fails with
  * EBUSY and leaves it registered: deregister (or re-lay-out) the container first, "in inverse
@@ -511,8 +512,9 @@ struct ibv_mr *ibv_reg_mr_bitmap(struct ibv_pd *pd, void *base, size_t page_size
 				 const uint64_t *bitmap, size_t num_words, uint64_t iova,
 				 unsigned int access);
 
-/* The seed's IBV_WR_BIND_MR: softverbs' bind work request for WITH_POST_WR layouts. */
-#define IBV_WR_BIND_MR IBV_WR_BIND_MW
+/* The seed's IBV_WR_BIND_MR: softverbs' bind work request for WITH_POST_WR layouts (the
+ * provider's own opcode, so IBV_WR_BIND_MW stays the memory-window bind). */
+#define IBV_WR_BIND_MR IBV_WR_DRIVER1
 
 /* Makes @wr the bind work request of container @mr (opcode, no SGEs, the container where the
  * seed's wr->mr_set_layout.mr lies); wr_id, send_flags and next are left to the caller. */

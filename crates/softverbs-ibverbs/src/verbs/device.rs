@@ -66,7 +66,11 @@ pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv
         Err(e) => return null(e),
     };
     let ops = ibv_context_ops {
-        _compat0: [None; 11],
+        _compat0: [None; 7],
+        alloc_mw: Some(mw::alloc_mw),
+        bind_mw: Some(mw::bind_mw),
+        dealloc_mw: Some(mw::dealloc_mw),
+        _compat0b: None,
         poll_cq: Some(poll_cq),
         req_notify_cq: Some(req_notify_cq),
         _compat1: [None; 7],
@@ -185,6 +189,7 @@ pub unsafe extern "C" fn sv_ibv_query_device(
         max_cq: i(a.max_cq),
         max_cqe: i(a.max_cqe),
         max_mr: i(a.max_mr),
+        max_mw: i(a.max_mw),
         max_pd: i(a.max_pd),
         max_qp_rd_atom: i(a.max_qp_rd_atom),
         max_res_rd_atom: i(a.max_res_rd_atom),

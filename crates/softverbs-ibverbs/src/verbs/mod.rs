@@ -1,7 +1,7 @@
 //! The implemented verbs. Each `sv_<name>` is bound to `<name>@@IBVERBS_<v>` by `build.rs`.
 //!
 //! This module holds the C objects' wrappers and the registries every area shares; the
-//! calls are in one file per area: `device` (listing, opening, queries, GIDs), `mr`, `cq`,
+//! calls are in one file per area: `device` (listing, opening, queries, GIDs), `mr`, `mw`, `cq`,
 //! `qp`, `post` (the data path of `ibv_context::ops`), `qp_ex` (the `ibv_wr_*` API), `ah`,
 //! `srq`, `events` (asynchronous events) and `strings`.
 
@@ -339,6 +339,7 @@ mod dm;
 mod domain;
 mod events;
 mod mr;
+mod mw;
 mod post;
 mod qp;
 mod qp_ex;

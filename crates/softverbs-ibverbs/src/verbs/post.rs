@@ -81,20 +81,26 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'s
                     value: ((*w.sg_list).addr as usize as *const u64).read_unaligned(),
                 }
             }
-            // Memory windows are not implemented. Seed 002's IBV_WR_BIND_MR is
-            // IBV_WR_BIND_MW whose `bind_mw.mw` (where the seed's `mr_set_layout.mr` lies)
-            // is a layout container of ours (`ibv_wr_bind_mr` in softverbs/verbs_ext.h).
+            WrOpcode::SendWithInv => SendOp::SendWithInv { rkey: w.imm_data },
+            WrOpcode::LocalInv => SendOp::LocalInv { rkey: w.imm_data },
+            // `bind_mw`: the window, the new rkey, then `struct ibv_mw_bind_info`.
             WrOpcode::BindMw => {
+                let info = std::ptr::addr_of!(w._tail[2]) as *const ibv_mw_bind_info;
+                mw::bind_op(w._tail[0] as usize as *mut ibv_mw, w._tail[1] as u32, info)?
+            }
+            // Seed 002's IBV_WR_BIND_MR (softverbs/verbs_ext.h): the provider's own opcode,
+            // naming a layout container of ours where `bind_mw.mw` lies.
+            WrOpcode::Driver1 => {
                 let mr = w._tail[0] as usize as *mut ibv_mr;
                 match with_live_mr(mr, |_, m| m.is_layout().then(|| m.key())) {
                     Some(Some(key)) => SendOp::BindLayout { key },
-                    _ => return Err(bad("IBV_WR_BIND_MW without a layout container")),
+                    _ => return Err(bad("IBV_WR_BIND_MR without a layout container")),
                 }
             }
         }
     };
     let flags = SendFlags::from_bits_retain(w.send_flags);
-    if matches!(op, SendOp::AtomicWrite { .. }) {
+    if matches!(op, SendOp::AtomicWrite { .. }) || op.is_local() {
         return Ok(SendWqe {
             wr_id: w.wr_id,
             op,

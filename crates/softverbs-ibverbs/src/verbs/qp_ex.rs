@@ -6,9 +6,9 @@ use super::*;
 const QP_INIT_PD: u32 = 1;
 const QP_INIT_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_SEND_OPS_FLAGS: u32 = 1 << 6;
-/// `IBV_QP_EX_WITH_RDMA_WRITE` … `IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD` and
-/// `IBV_QP_EX_WITH_ATOMIC_WRITE`: the opcodes the `ibv_wr_*` API supports here.
-const SEND_OPS_SUPPORTED: u64 = ((1 << 7) - 1) | (1 << 12);
+/// `IBV_QP_EX_WITH_RDMA_WRITE` … `IBV_QP_EX_WITH_SEND_WITH_INV` and
+/// `IBV_QP_EX_WITH_ATOMIC_WRITE`: the opcodes the `ibv_wr_*` API supports here (all but TSO).
+const SEND_OPS_SUPPORTED: u64 = ((1 << 10) - 1) | (1 << 12);
 
 #[derive(Default)]
 pub(super) struct Batch {
@@ -25,14 +25,14 @@ pub(super) fn qp_ex(qp_base: ibv_qp) -> ibv_qp_ex {
         wr_flags: 0,
         wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
         wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
-        wr_bind_mw: None,
-        wr_local_inv: None,
+        wr_bind_mw: Some(wr_bind_mw),
+        wr_local_inv: Some(wr_local_inv),
         wr_rdma_read: Some(wr_rdma_read),
         wr_rdma_write: Some(wr_rdma_write),
         wr_rdma_write_imm: Some(wr_rdma_write_imm),
         wr_send: Some(wr_send),
         wr_send_imm: Some(wr_send_imm),
-        wr_send_inv: None,
+        wr_send_inv: Some(wr_send_inv),
         wr_send_tso: None,
         wr_set_ud_addr: Some(wr_set_ud_addr),
         wr_set_xrc_srqn: None,
@@ -156,6 +156,36 @@ unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
 unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
     // SAFETY: the caller's QP.
     unsafe { begin(qp, SendOp::SendWithImm { imm }) }
+}
+
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, SendOp::SendWithInv { rkey }) }
+}
+
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, SendOp::LocalInv { rkey }) }
+}
+
+/// `ibv_wr_bind_mw`: a window or region that is not ours fails the batch (EINVAL at
+/// `wr_complete`); the bind's rules are checked when it executes.
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    // SAFETY: the caller's bind_info (NULL is refused by `bind_op`).
+    match unsafe { super::mw::bind_op(mw, rkey, info) } {
+        // SAFETY: the caller's QP.
+        Ok(op) => unsafe { begin(qp, op) },
+        Err(_) => {
+            // SAFETY: as above.
+            let (_, mut b) = unsafe { batch(qp) };
+            b.error.get_or_insert(EINVAL);
+        }
+    }
 }
 
 unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {

@@ -15,7 +15,7 @@
  *          have, and out-of-range sizes: NULL with EINVAL; every vector it has works.
  *   query  ibv_query_device / _ex / ibv_query_port / ibv_query_gid / ibv_query_pkey: non-zero
  *          vendor and part ids, the _ex call's orig_attr the same as the plain one, no
- *          capability advertised that is not implemented (memory windows, XRC, multicast),
+ *          capability advertised that is not implemented (XRC, multicast, type-2A windows),
  *          the CM supported on the port, bad port, GID and P_Key indexes refused.
  *   odp    on-demand paging: the caps; RDMA WRITE and READ into memory never touched, through
  *          an explicit region and an implicit one over the whole address space (also an
@@ -33,6 +33,15 @@
  *          of the 8 bytes, as soft-RoCE's provider takes it): the word is stored and the
  *          completion is IBV_WC_ATOMIC_WRITE; a region without REMOTE_WRITE is
  *          IBV_WC_REM_ACCESS_ERR; a misaligned address or a UD QP is EINVAL.
+ *   mw     memory windows: the caps; a type-2 window bound through IBV_WR_BIND_MW over part
+ *          of a region that has no remote rights is the only rkey to that part; a WRITE,
+ *          a SEND with Invalidate and a WRITE posted together: the first lands, the receive
+ *          reports IBV_WC_WITH_INV and the rkey, the last is IBV_WC_REM_ACCESS_ERR;
+ *          ibv_dereg_mr is EBUSY while a window is bound; a type-1 window bound with
+ *          ibv_bind_mw (mw->rkey incremented) by any QP of its PD; ibv_wr_bind_mw,
+ *          ibv_wr_send_inv and ibv_wr_local_inv; a bind by a QP of another PD or over a
+ *          region without MW_BIND completes with IBV_WC_MW_BIND_ERR; ibv_bind_mw of a
+ *          type-2 window and an IBV_WR_BIND_MW naming no window of ours are EINVAL.
  *   events the asynchronous events errors raise: IBV_EVENT_QP_REQ_ERR on a responder whose QP
  *          refuses a WRITE it does not allow, IBV_EVENT_QP_LAST_WQE_REACHED on an SRQ's QP
  *          moved to the error state, IBV_EVENT_CQ_ERR on a CQ that overflows; each names its
@@ -308,11 +317,12 @@ static void family_query(struct ibv_context *ctx) {
     CHECK(ibv_query_device(ctx, &a) == 0);
     CHECK(a.vendor_id != 0 && a.vendor_part_id != 0 && a.phys_port_cnt == 1);
     CHECK(a.max_qp > 0 && a.max_cq > 0 && a.max_mr > 0 && a.max_pd > 0 && a.max_sge > 0);
-    /* Not implemented, so not advertised. */
-    CHECK(a.max_mw == 0 && a.max_mcast_grp == 0 && a.max_mcast_qp_attach == 0);
-    CHECK((a.device_cap_flags & (IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2A |
-                                 IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC |
+    /* Not implemented, so not advertised: multicast, type-2A windows, XRC, fast-register
+     * regions. Windows of type 1 and 2B are (the mw family uses them). */
+    CHECK(a.max_mcast_grp == 0 && a.max_mcast_qp_attach == 0);
+    CHECK((a.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_XRC |
                                  IBV_DEVICE_MEM_MGT_EXTENSIONS)) == 0);
+    CHECK((a.device_cap_flags & IBV_DEVICE_MEM_WINDOW) && a.max_mw > 0);
     struct ibv_device_attr_ex x;
     memset(&x, 0xa5, sizeof x);
     CHECK(ibv_query_device_ex(ctx, NULL, &x) == 0);
@@ -811,6 +821,200 @@ static void family_atomic_write(struct ibv_context *ctx) {
     free(words);
 }
 
+/* A bind of `mw` to `len` bytes at `addr` of `mr` with rkey `rkey`, posted on `qp` through
+ * ibv_post_send; its completion. */
+static struct ibv_wc bind_wr(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mw *mw,
+                             uint32_t rkey, struct ibv_mr *mr, void *addr, uint64_t len,
+                             unsigned int access) {
+    struct ibv_send_wr wr = {0};
+    wr.wr_id = 5;
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.bind_mw.mw = mw;
+    wr.bind_mw.rkey = rkey;
+    wr.bind_mw.bind_info.mr = mr;
+    wr.bind_mw.bind_info.addr = (uintptr_t)addr;
+    wr.bind_mw.bind_info.length = len;
+    wr.bind_mw.bind_info.mw_access_flags = access;
+    post(qp, &wr);
+    return poll1(cq);
+}
+
+static void family_mw(struct ibv_context *ctx) {
+    struct ibv_device_attr a;
+    CHECK(ibv_query_device(ctx, &a) == 0);
+    CHECK(a.device_cap_flags & IBV_DEVICE_MEM_WINDOW);
+    CHECK(a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B);
+    CHECK(a.max_mw > 0);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    const unsigned int rw = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+    /* Type 2 through ibv_post_send, bound by the responder QP over 1024..2048 of a region
+     * with no remote rights of its own. */
+    struct pair p;
+    pair_open(ctx, &p, &gid);
+    char *buf = calloc(1, 4096);
+    CHECK(buf);
+    struct ibv_mr *mr = ibv_reg_mr(p.pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    CHECK(mr);
+    errno = 0;
+    CHECK(ibv_alloc_mw(p.pd, 3) == NULL && errno == EINVAL);
+    struct ibv_mw *mw = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+    CHECK(mw && mw->type == IBV_MW_TYPE_2 && mw->pd == p.pd && mw->context == ctx);
+    struct ibv_mw_bind mb = {0};
+    mb.bind_info.mr = mr;
+    mb.bind_info.addr = (uintptr_t)buf;
+    mb.bind_info.length = 64;
+    mb.bind_info.mw_access_flags = rw;
+    CHECK(ibv_bind_mw(p.qb, mw, &mb) == EINVAL); /* ibv_bind_mw is for type 1 */
+    uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    struct ibv_wc wc = bind_wr(p.qb, p.cq, mw, rkey, mr, buf + 1024, 1024, rw);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 5);
+    memset(p.src, 0x5a, 4096);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, buf + 1024, 1024, rkey) == IBV_WC_SUCCESS);
+    CHECK(buf[1023] == 0 && buf[1024] == 0x5a && buf[2047] == 0x5a && buf[2048] == 0);
+    CHECK(rdma(&p, IBV_WR_RDMA_READ, buf + 1024, 8, rkey) == IBV_WC_SUCCESS);
+    CHECK(ibv_dereg_mr(mr) == EBUSY); /* a window is bound to it */
+
+    /* WRITE, SEND with Invalidate, WRITE in one post: the window dies between them. */
+    memset(buf + 1024, 0, 16);
+    struct ibv_sge rs = {(uintptr_t)buf, 64, mr->lkey};
+    struct ibv_recv_wr rwr = {0}, *rbad = NULL;
+    rwr.wr_id = 40;
+    rwr.sg_list = &rs;
+    rwr.num_sge = 1;
+    CHECK(ibv_post_recv(p.qb, &rwr, &rbad) == 0);
+    struct ibv_sge ws = {(uintptr_t)p.src, 8, p.smr->lkey};
+    struct ibv_send_wr w[3] = {{0}}, *bad = NULL;
+    for (int i = 0; i < 3; i++) {
+        w[i].wr_id = (uint64_t)i + 1;
+        w[i].sg_list = &ws;
+        w[i].num_sge = 1;
+        w[i].send_flags = IBV_SEND_SIGNALED;
+        w[i].next = i < 2 ? &w[i + 1] : NULL;
+        w[i].opcode = IBV_WR_RDMA_WRITE;
+        w[i].wr.rdma.rkey = rkey;
+        w[i].wr.rdma.remote_addr = (uintptr_t)buf + 1024 + 8 * (uint64_t)i;
+    }
+    w[1].opcode = IBV_WR_SEND_WITH_INV;
+    w[1].invalidate_rkey = rkey;
+    CHECK(ibv_post_send(p.qa, w, &bad) == 0);
+    int seen = 0;
+    for (int i = 0; i < 4; i++) {
+        wc = poll1(p.cq);
+        if (wc.qp_num == p.qb->qp_num) {
+            CHECK(wc.wr_id == 40 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV);
+            CHECK((wc.wc_flags & IBV_WC_WITH_INV) && !(wc.wc_flags & IBV_WC_WITH_IMM));
+            CHECK(wc.invalidated_rkey == rkey && wc.byte_len == 8);
+        } else {
+            CHECK(wc.wr_id == (uint64_t)seen + 1);
+            CHECK(wc.status == (seen < 2 ? IBV_WC_SUCCESS : IBV_WC_REM_ACCESS_ERR));
+            seen++;
+        }
+    }
+    CHECK(seen == 3);
+    CHECK(buf[1024] == 0x5a && buf[1032] == 0); /* byte 1024 by the first WRITE, 1032 never */
+    CHECK(ibv_dereg_mr(mr) == 0); /* invalidated: nothing holds it */
+    CHECK(ibv_dealloc_mw(mw) == 0);
+    pair_close(&p);
+
+    /* Type 1 through ibv_bind_mw, and the ibv_wr_* API. */
+    pair_open(ctx, &p, &gid);
+    mr = ibv_reg_mr(p.pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    CHECK(mr);
+    struct ibv_mw *m1 = ibv_alloc_mw(p.pd, IBV_MW_TYPE_1);
+    CHECK(m1 && m1->type == IBV_MW_TYPE_1);
+    uint32_t before = m1->rkey;
+    mb.wr_id = 9;
+    mb.send_flags = IBV_SEND_SIGNALED;
+    mb.bind_info.mr = mr;
+    mb.bind_info.addr = (uintptr_t)buf;
+    mb.bind_info.length = 4096;
+    mb.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    CHECK(ibv_bind_mw(p.qa, m1, &mb) == 0); /* any QP of the PD: the requester here */
+    CHECK(m1->rkey == ibv_inc_rkey(before));
+    wc = poll1(p.cq);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 9);
+    memset(p.src, 0x11, 64);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, buf, 64, m1->rkey) == IBV_WC_SUCCESS && buf[63] == 0x11);
+
+    struct ibv_mw *m2 = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+    CHECK(m2);
+    struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(p.qb);
+    struct ibv_mw_bind_info info = {mr, (uintptr_t)buf, 4096, rw};
+    uint32_t k2 = ibv_inc_rkey(m2->rkey);
+    ibv_wr_start(qx);
+    qx->wr_id = 21;
+    qx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_bind_mw(qx, m2, k2, &info);
+    CHECK(ibv_wr_complete(qx) == 0);
+    wc = poll1(p.cq);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 21);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, buf + 64, 64, k2) == IBV_WC_SUCCESS && buf[64] == 0x11);
+    /* ibv_wr_send_inv from the requester frees it; a new bind with the next key reuses it. */
+    rs.lkey = mr->lkey;
+    CHECK(ibv_post_recv(p.qb, &rwr, &rbad) == 0);
+    struct ibv_qp_ex *qxa = ibv_qp_to_qp_ex(p.qa);
+    ibv_wr_start(qxa);
+    qxa->wr_id = 22;
+    qxa->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send_inv(qxa, k2);
+    ibv_wr_set_sge(qxa, p.smr->lkey, (uintptr_t)p.src, 4);
+    CHECK(ibv_wr_complete(qxa) == 0);
+    for (int i = 0; i < 2; i++) {
+        wc = poll1(p.cq);
+        CHECK(wc.status == IBV_WC_SUCCESS);
+        if (wc.qp_num == p.qb->qp_num)
+            CHECK((wc.wc_flags & IBV_WC_WITH_INV) && wc.invalidated_rkey == k2);
+        else
+            CHECK(wc.wr_id == 22 && wc.opcode == IBV_WC_SEND);
+    }
+    uint32_t k3 = ibv_inc_rkey(k2);
+    ibv_wr_start(qx);
+    qx->wr_id = 23;
+    ibv_wr_bind_mw(qx, m2, k3, &info);
+    ibv_wr_local_inv(qx, k3);
+    CHECK(ibv_wr_complete(qx) == 0);
+    wc = poll1(p.cq);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW);
+    wc = poll1(p.cq);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV);
+    CHECK(ibv_dealloc_mw(m1) == 0); /* bound: freeing unbinds it */
+    CHECK(ibv_dereg_mr(mr) == 0);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, buf, 8, k3) == IBV_WC_REM_ACCESS_ERR);
+    CHECK(ibv_dealloc_pd(p.pd) == EBUSY); /* a window lives in it */
+    CHECK(ibv_dealloc_mw(m2) == 0);
+    pair_close(&p);
+
+    /* A bind by a QP of another PD: IBV_WC_MW_BIND_ERR, and the QP is in error. */
+    struct pair q;
+    pair_open(ctx, &p, &gid);
+    pair_open(ctx, &q, &gid);
+    mr = ibv_reg_mr(p.pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    CHECK(mr);
+    m2 = ibv_alloc_mw(p.pd, IBV_MW_TYPE_2);
+    CHECK(m2);
+    wc = bind_wr(q.qa, q.cq, m2, ibv_inc_rkey(m2->rkey), mr, buf, 64, rw);
+    CHECK(wc.status == IBV_WC_MW_BIND_ERR && wc.opcode == IBV_WC_BIND_MW);
+    CHECK(state_of(q.qa) == IBV_QPS_ERR);
+    /* A region without MW_BIND: the same error. */
+    struct ibv_mr *plain = ibv_reg_mr(p.pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(plain);
+    wc = bind_wr(p.qa, p.cq, m2, ibv_inc_rkey(m2->rkey), plain, buf, 64, rw);
+    CHECK(wc.status == IBV_WC_MW_BIND_ERR);
+    /* A window that is not ours: EINVAL at post, bad_wr set. */
+    struct ibv_mw fake = *m2;
+    struct ibv_send_wr fw = {0};
+    fw.opcode = IBV_WR_BIND_MW;
+    fw.bind_mw.mw = &fake;
+    CHECK(ibv_post_send(p.qb, &fw, &bad) == EINVAL && bad == &fw);
+    CHECK(ibv_dealloc_mw(m2) == 0);
+    CHECK(ibv_dereg_mr(plain) == 0 && ibv_dereg_mr(mr) == 0);
+    pair_close(&q);
+    pair_close(&p);
+    free(buf);
+}
+
 /* The next async event, within 5 s; its type and element are checked by the caller. */
 static struct ibv_async_event next_event(struct ibv_context *ctx) {
     struct pollfd pfd = {ctx->async_fd, POLLIN, 0};
@@ -1182,6 +1386,8 @@ int main(int argc, char **argv) {
         family_domain(ctx);
     else if (!strcmp(argv[1], "srq_ah"))
         family_srq_ah(ctx);
+    else if (!strcmp(argv[1], "mw"))
+        family_mw(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);

@@ -386,7 +386,7 @@ static void post_wr(void) {
     post_recv();
     struct ibv_send_wr bind = {0}, send = {0}, *bad = NULL;
     ibv_wr_bind_mr(&bind, c);
-    CHECK(bind.opcode == IBV_WR_BIND_MW);
+    CHECK(bind.opcode == IBV_WR_DRIVER1);
     bind.wr_id = 11;
     bind.send_flags = IBV_SEND_SIGNALED;
     bind.next = &send;

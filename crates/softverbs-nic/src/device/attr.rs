@@ -25,6 +25,8 @@ pub struct DeviceAttr {
     pub max_cq: u32,
     pub max_cqe: u32,
     pub max_mr: u32,
+    /// Memory windows share the key table with regions: `max_mr` entries in all.
+    pub max_mw: u32,
     pub max_pd: u32,
     pub max_qp_rd_atom: u32,
     pub max_res_rd_atom: u32,
@@ -104,6 +106,10 @@ pub mod cap_flags {
     pub const PORT_ACTIVE_EVENT: u32 = 1 << 10;
     pub const SYS_IMAGE_GUID: u32 = 1 << 11;
     pub const RC_RNR_NAK_GEN: u32 = 1 << 12;
+    /// Memory windows (type 1).
+    pub const MEM_WINDOW: u32 = 1 << 17;
+    /// Type-2B memory windows (bound to the QP that binds them).
+    pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
 }
 
 /// `struct ibv_port_attr`.
@@ -156,12 +162,15 @@ impl Device {
             device_cap_flags: cap_flags::CURR_QP_STATE_MOD
                 | cap_flags::PORT_ACTIVE_EVENT
                 | cap_flags::SYS_IMAGE_GUID
-                | cap_flags::RC_RNR_NAK_GEN,
+                | cap_flags::RC_RNR_NAK_GEN
+                | cap_flags::MEM_WINDOW
+                | cap_flags::MEM_WINDOW_TYPE_2B,
             max_sge: l.max_sge,
             max_sge_rd: l.max_sge,
             max_cq: l.max_cq,
             max_cqe: l.max_cqe,
             max_mr: l.max_mr,
+            max_mw: l.max_mr,
             max_pd: l.max_pd,
             max_qp_rd_atom: l.max_qp_rd_atom,
             max_res_rd_atom: l.max_qp_rd_atom.saturating_mul(l.max_qp),

@@ -47,7 +47,7 @@ pub struct Device {
     qp_index: Mutex<QpNumbers>,
     /// Per QP-number index: send-queue slots freed by polled completions.
     pub(crate) sq_retired: Arc<[AtomicU32]>,
-    counts: [AtomicU32; 6],
+    counts: [AtomicU32; 7],
     next_id: AtomicU32,
     port_state: AtomicU32,
     contexts: Mutex<Vec<Weak<AsyncQueue>>>,

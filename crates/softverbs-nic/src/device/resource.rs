@@ -14,6 +14,7 @@ pub(crate) enum Resource {
     Srq,
     Ah,
     Mr,
+    Mw,
 }
 
 /// A slot counted against a device limit; released on drop.
@@ -80,7 +81,7 @@ impl Device {
             Resource::Qp => l.max_qp,
             Resource::Srq => l.max_srq,
             Resource::Ah => l.max_ah,
-            Resource::Mr => l.max_mr,
+            Resource::Mr | Resource::Mw => l.max_mr,
         };
         self.count(kind)
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

@@ -4,6 +4,10 @@
 //! Readers pin an entry (count themselves in `users`) before touching its memory, and
 //! deregistration waits until no one is pinned, so the bytes behind a key stay valid for the
 //! whole access even if the owner deregisters concurrently.
+//!
+//! Memory windows live in the same table (see [`crate::mr::window`]): an entry of kind
+//! window carries a copy of the range of the region it is bound to, so a pin reads one entry
+//! whichever kind of key it was given.
 
 use crate::device_memory::segment::{Segment, ShmPlain};
 use crate::error::{Error, Result};
@@ -12,49 +16,65 @@ use crate::types::AccessFlags;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-const FREE: u32 = 0;
-const VALID: u32 = 1;
+pub(crate) const FREE: u32 = 0;
+pub(crate) const VALID: u32 = 1;
 const DYING: u32 = 2;
+/// A window being bound or invalidated: pins fail until it is valid again.
+pub(crate) const CHANGING: u32 = 3;
 const HEADER: usize = 64;
 const MAGIC: u32 = 0x4b45_5953; // "KEYS"
-/// 2: entries grew the layout fields (`layout_fd`, `layout_gen`, `layout_ino`).
-const VERSION: u32 = 3;
+/// 2: entries grew the layout fields (`layout_fd`, `layout_gen`, `layout_ino`); 4: the
+/// window fields (`kind`, `bound_qp`, `windows`, `window_of`).
+const VERSION: u32 = 4;
+
+/// What an entry is: a memory region, or a memory window of type 1 or 2.
+pub(crate) const KIND_MR: u32 = 0;
+pub(crate) const KIND_MW1: u32 = 1;
+pub(crate) const KIND_MW2: u32 = 2;
 
 /// One registered region, as any process mapping the table sees it.
 #[repr(C)]
 pub struct KeyEntry {
-    state: AtomicU32,
-    users: AtomicU32,
-    key: AtomicU32,
-    pd: AtomicU32,
-    access: AtomicU32,
-    owner_pid: AtomicU32,
+    pub(crate) state: AtomicU32,
+    pub(crate) users: AtomicU32,
+    pub(crate) key: AtomicU32,
+    pub(crate) pd: AtomicU32,
+    pub(crate) access: AtomicU32,
+    pub(crate) owner_pid: AtomicU32,
     /// Address of the first byte in the owner's address space.
-    addr: AtomicU64,
-    length: AtomicU64,
+    pub(crate) addr: AtomicU64,
+    pub(crate) length: AtomicU64,
     /// IOVA of the first byte (0 for zero-based regions).
-    iova: AtomicU64,
+    pub(crate) iova: AtomicU64,
     /// Where a peer process can map the bytes: the owner's `memfd` descriptor + 1 (0: the
     /// bytes are in plain process memory), its inode, and the offset of `addr` in it.
-    mem_fd: AtomicU32,
+    pub(crate) mem_fd: AtomicU32,
     /// How peers place data into the region ([`Placement`] as a number; 0 is strict, so a
     /// table written before this field existed reads as all-strict).
-    placement: AtomicU32,
-    mem_ino: AtomicU64,
-    mem_off: AtomicU64,
+    pub(crate) placement: AtomicU32,
+    pub(crate) mem_ino: AtomicU64,
+    pub(crate) mem_off: AtomicU64,
     /// For a region carrying a non-contiguous layout: the owner's descriptor + 1 of the
     /// `memfd` holding the encoded layout (see [`crate::mr::store`]), 0 for none.
-    layout_fd: AtomicU32,
+    pub(crate) layout_fd: AtomicU32,
     /// Non-zero when the region is a layout: the generation of the published layout, bumped
     /// (to a process-unique value) every time the owner sets a new one, so peers can cache
     /// the decoded form keyed by (owner pid, key, generation, inode).
-    layout_gen: AtomicU32,
+    pub(crate) layout_gen: AtomicU32,
     /// Inode of the layout `memfd`, so a recycled descriptor number is never mistaken for it.
-    layout_ino: AtomicU64,
+    pub(crate) layout_ino: AtomicU64,
     /// The slot's generation, bumped at each registration (the low 8 bits of the key before
     /// [`KeyTable::hide`]).
-    generation: AtomicU32,
-    _pad: AtomicU32,
+    pub(crate) generation: AtomicU32,
+    /// [`KIND_MR`], [`KIND_MW1`] or [`KIND_MW2`].
+    pub(crate) kind: AtomicU32,
+    /// A bound type-2 window: the only QP (number) whose incoming requests may use it.
+    pub(crate) bound_qp: AtomicU32,
+    /// A region: how many windows are bound to it (it cannot be deregistered meanwhile).
+    pub(crate) windows: AtomicU32,
+    /// A window: the key of the region it is bound to (0: not bound, no access).
+    pub(crate) window_of: AtomicU32,
+    pub(crate) _pad: AtomicU32,
 }
 
 // SAFETY: repr(C), atomics only, valid when zero (state FREE).
@@ -119,8 +139,8 @@ pub struct KeyTable {
     capacity: u32,
     /// Round keys of the permutation that hides slot numbers in the keys of a networked
     /// device (all zero: keys are plain `slot << 8 | generation`).
-    mix: [u32; 4],
-    free: Mutex<Vec<u32>>,
+    pub(crate) mix: [u32; 4],
+    pub(crate) free: Mutex<Vec<u32>>,
     /// The device's ordering check: relaxed regions registered here are scrambled.
     ordering_check: bool,
 }
@@ -282,14 +302,14 @@ impl KeyTable {
         self
     }
 
-    fn round(x: u16, k: u32) -> u16 {
+    pub(crate) fn round(x: u16, k: u32) -> u16 {
         let h = (u32::from(x) ^ k).wrapping_mul(0x9e37_79b1);
         ((h ^ (h >> 15)).wrapping_mul(0x85eb_ca77) >> 16) as u16
     }
 
     /// The key a program sees for internal key `k` (`slot << 8 | generation`).
     #[inline]
-    fn hide(&self, k: u32) -> u32 {
+    pub(crate) fn hide(&self, k: u32) -> u32 {
         if self.mix == [0; 4] {
             return k;
         }
@@ -302,7 +322,7 @@ impl KeyTable {
 
     /// The slot a program's key names (the inverse of [`hide`](Self::hide), then the slot).
     #[inline]
-    fn slot(&self, key: u32) -> u32 {
+    pub(crate) fn slot(&self, key: u32) -> u32 {
         if self.mix == [0; 4] {
             return key >> 8;
         }
@@ -318,7 +338,11 @@ impl KeyTable {
         &self.seg
     }
 
-    fn entry(&self, index: u32) -> Option<&KeyEntry> {
+    pub(crate) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub(crate) fn entry(&self, index: u32) -> Option<&KeyEntry> {
         if index == 0 || index > self.capacity {
             return None;
         }
@@ -338,16 +362,29 @@ impl KeyTable {
         access: AccessFlags,
         backing: Option<Backing>,
     ) -> Result<u32> {
-        let index = self
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        // Held until the entry is published, so a window allocated meanwhile sees it (and
+        // this registration sees the window): see `alloc_window`.
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let index = free
             .pop()
             .ok_or_else(|| Error::NoResources("memory-region table is full (max_mr)".into()))?;
         let e = self.entry(index).expect("free list holds valid indices");
-        let generation = (e.generation.load(Ordering::Relaxed).wrapping_add(1)) & 0xff;
+        let mut generation = e.generation.load(Ordering::Relaxed);
+        let mut key;
+        // A key whose upper 24 bits name a live window would shadow that window's keys:
+        // take the next generation (a handful of tries at most; 1 in 2^24 per try).
+        loop {
+            generation = generation.wrapping_add(1) & 0xff;
+            key = self.hide(index << 8 | generation);
+            if !self.names_live_window(key, index) {
+                break;
+            }
+        }
         e.generation.store(generation, Ordering::Relaxed);
-        let key = self.hide(index << 8 | generation);
+        e.kind.store(KIND_MR, Ordering::Relaxed);
+        e.windows.store(0, Ordering::Relaxed);
+        e.window_of.store(0, Ordering::Relaxed);
+        e.bound_qp.store(0, Ordering::Relaxed);
         e.key.store(key, Ordering::Relaxed);
         e.pd.store(pd, Ordering::Relaxed);
         e.access.store(access.bits(), Ordering::Relaxed);
@@ -371,6 +408,7 @@ impl KeyTable {
         e.layout_ino.store(0, Ordering::Relaxed);
         e.layout_gen.store(0, Ordering::Relaxed);
         e.state.store(VALID, Ordering::Release);
+        drop(free);
         Ok(key)
     }
 
@@ -378,7 +416,9 @@ impl KeyTable {
     pub fn deregister(&self, key: u32) -> Result<()> {
         let e = self
             .entry(self.slot(key))
-            .filter(|e| e.key.load(Ordering::Acquire) == key)
+            .filter(|e| {
+                e.key.load(Ordering::Acquire) == key && e.kind.load(Ordering::Relaxed) == KIND_MR
+            })
             .ok_or_else(|| Error::NotFound(format!("memory key {key:#x}")))?;
         if e.state
             .compare_exchange(VALID, DYING, Ordering::SeqCst, Ordering::SeqCst)
@@ -393,6 +433,12 @@ impl KeyTable {
             std::thread::yield_now();
         }
         e.users.store(0, Ordering::SeqCst);
+        // Binds pin the region while they count themselves, so the count is final now.
+        // `ibv_dereg_mr` refuses a region with windows (`Mr::check_dereg`); a region dropped
+        // regardless takes its windows down with it, never leaving them on freed memory.
+        if e.windows.load(Ordering::SeqCst) != 0 {
+            self.unbind_windows_of(key);
+        }
         e.state.store(FREE, Ordering::Release);
         self.free
             .lock()
@@ -404,7 +450,10 @@ impl KeyTable {
     /// What registration recorded for `key`, if it is valid.
     pub fn info(&self, key: u32) -> Option<KeyInfo> {
         let e = self.entry(self.slot(key))?;
-        if e.state.load(Ordering::Acquire) != VALID || e.key.load(Ordering::Relaxed) != key {
+        if e.state.load(Ordering::Acquire) != VALID
+            || e.key.load(Ordering::Relaxed) != key
+            || e.kind.load(Ordering::Relaxed) != KIND_MR
+        {
             return None;
         }
         Some(KeyInfo {
@@ -417,9 +466,10 @@ impl KeyTable {
         })
     }
 
-    /// Checks that `[iova, iova + len)` lies in the region of `key`, owned by `pd`, granting
-    /// `need`, and pins it. A region carrying a layout passes every check but answers
-    /// [`KeyError::Layout`]: its bytes are reached through [`pin_layout`](Self::pin_layout).
+    /// Checks that `[iova, iova + len)` lies in the region of local key `key`, owned by
+    /// `pd`, granting `need`, and pins it (a window's key is no local key). A region
+    /// carrying a layout passes every check but answers [`KeyError::Layout`]: its bytes are
+    /// reached through [`pin_layout`](Self::pin_layout).
     pub fn pin(
         &self,
         key: u32,
@@ -428,7 +478,34 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        let (pin, e) = self.pin_checked(key, pd, iova, len, need)?;
+        self.pin_key(key, pd, None, iova, len, need)
+    }
+
+    /// Like [`pin`](Self::pin) for an rkey a request brought to QP `qpn`: a region's key, or
+    /// a bound memory window's (a type-2 window only if `qpn` bound it).
+    pub fn pin_remote(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        iova: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<Pin<'_>, KeyError> {
+        self.pin_key(key, pd, Some(qpn), iova, len, need)
+    }
+
+    #[inline]
+    fn pin_key(
+        &self,
+        key: u32,
+        pd: u32,
+        remote_qp: Option<u32>,
+        iova: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<Pin<'_>, KeyError> {
+        let (pin, e) = self.pin_checked(key, pd, remote_qp, iova, len, need)?;
         // The one extra branch ordinary keys pay for layouts.
         if e.layout_gen.load(Ordering::Acquire) != 0 {
             return Err(KeyError::Layout);
@@ -447,7 +524,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<(Pin<'_>, LayoutRef), KeyError> {
-        let (pin, e) = self.pin_checked(key, pd, iova, len, need)?;
+        let (pin, e) = self.pin_checked(key, pd, None, iova, len, need)?;
         let generation = e.layout_gen.load(Ordering::Acquire);
         let fd = e.layout_fd.load(Ordering::Relaxed);
         if generation == 0 || fd == 0 {
@@ -463,15 +540,28 @@ impl KeyTable {
         Ok((pin, r))
     }
 
-    fn pin_checked(
+    /// The entry whose key is `key` (valid or not): the region its slot names, else the
+    /// window its upper 24 bits name. No region's key, live or stale, is ever a live
+    /// window's (see [`crate::mr::window`]), so the first entry holding `key` is the one.
+    #[inline]
+    pub(crate) fn find(&self, key: u32) -> Option<&KeyEntry> {
+        let named = |e: &&KeyEntry| e.key.load(Ordering::Acquire) == key;
+        match self.entry(self.slot(key)).filter(named) {
+            Some(e) => Some(e),
+            None => self.entry(self.window_slot(key)).filter(named),
+        }
+    }
+
+    pub(crate) fn pin_checked(
         &self,
         key: u32,
         pd: u32,
+        remote_qp: Option<u32>,
         iova: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<(Pin<'_>, &KeyEntry), KeyError> {
-        let e = self.entry(self.slot(key)).ok_or(KeyError::Invalid)?;
+        let e = self.find(key).ok_or(KeyError::Invalid)?;
         e.users.fetch_add(1, Ordering::SeqCst);
         let mut pin = Pin {
             entry: e,
@@ -480,6 +570,19 @@ impl KeyTable {
         };
         if e.state.load(Ordering::SeqCst) != VALID || e.key.load(Ordering::Relaxed) != key {
             return Err(KeyError::Invalid);
+        }
+        let kind = e.kind.load(Ordering::Relaxed);
+        if kind != KIND_MR {
+            // A window is an rkey only, reaches nothing unbound, and a type-2 one only
+            // through the QP that bound it.
+            let Some(qpn) = remote_qp else {
+                return Err(KeyError::Invalid);
+            };
+            if e.window_of.load(Ordering::Relaxed) == 0
+                || (kind == KIND_MW2 && e.bound_qp.load(Ordering::Relaxed) != qpn)
+            {
+                return Err(KeyError::Invalid);
+            }
         }
         if e.pd.load(Ordering::Relaxed) != pd {
             return Err(KeyError::WrongPd);

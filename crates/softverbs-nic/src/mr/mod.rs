@@ -8,6 +8,7 @@
 //! - [`store`]: layouts in shared memory, where every process can read them.
 //! - `resolve`: a work request's SGEs and remote ranges checked, pinned and turned into spans.
 //! - `container`: the state a layout container shares, and the device's registry of them.
+//! - [`window`]: memory windows (type 1 and 2) in the key table: bind, invalidate.
 //!
 //! The verbs objects (`Pd::reg_mr`, [`Mr`](crate::pd::Mr)) are in [`crate::pd`].
 
@@ -18,3 +19,4 @@ pub mod layout;
 pub mod ordering;
 pub(crate) mod resolve;
 pub mod store;
+pub mod window;

@@ -127,19 +127,22 @@ pub(crate) fn pin_sges<'k>(
     Ok(Spans { spans, pins, len })
 }
 
-/// Checks and pins `len` bytes of region `key` at `addr` in `keys` with `pd` and `need`;
-/// `place` says where pinned ranges are reachable. A layout key resolves to its pieces.
-/// `None` is an access error of the side that named the key.
+/// Checks and pins `len` bytes of rkey `key` at `addr` in `keys` with `pd` and `need`, for
+/// a request that reached QP `qpn` (a region's key, or a window's); `place` says where
+/// pinned ranges are reachable. A layout key resolves to its pieces. `None` is an access
+/// error of the side that named the key.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn pin_range<'k>(
     keys: &'k KeyTable,
     pd: u32,
+    qpn: u32,
     key: u32,
     addr: u64,
     len: u64,
     need: AccessFlags,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Option<Pinned<'k>> {
-    match keys.pin(key, pd, addr, len, need) {
+    match keys.pin_remote(key, pd, qpn, addr, len, need) {
         Ok(pin) => {
             let span = place(&pin, pin.host, len as usize)?;
             Some(Pinned::One(pin, span))

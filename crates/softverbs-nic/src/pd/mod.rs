@@ -1,12 +1,14 @@
 //! Protection domains and the objects in them that need no queue: memory regions (with their
-//! non-contiguous layouts) and address handles. SRQs and QPs, also created in a PD, are made
+//! non-contiguous layouts), memory windows and address handles. SRQs and QPs, also created in a PD, are made
 //! by the QP layer (`Pd::create_srq`, `Pd::create_qp`).
 
 mod ah;
 mod region;
+mod window;
 
 pub use ah::Ah;
 pub use region::{Mr, Prefetch};
+pub use window::{Mw, MwType, inc_rkey};
 
 use crate::device::{Context, Counted, Resource, Users};
 use crate::error::{Error, Result, inval};
@@ -132,8 +134,9 @@ mod tests {
             Pd::effective_access(1 << 30),
             Err(Error::InvalidArgument(_))
         ));
+        assert_eq!(ok(1 << 4), AccessFlags::MW_BIND);
         assert!(matches!(
-            Pd::effective_access(1 << 4),
+            Pd::effective_access(1 << 8),
             Err(Error::Unsupported(_))
         ));
     }

@@ -226,6 +226,13 @@ impl Mr {
     /// with protection/remote-access errors instead of touching freed memory.
     pub fn check_dereg(&self) -> Result<()> {
         let dev = &self.pd.ctx.dev;
+        let windows = dev.keys.windows_on(self.key());
+        if windows > 0 {
+            return Err(Error::Busy(format!(
+                "memory region {:#x} has {windows} memory window(s) bound to it",
+                self.key()
+            )));
+        }
         let users = dev.layouts.users(self.key());
         if users > 0 {
             return Err(Error::Busy(format!(

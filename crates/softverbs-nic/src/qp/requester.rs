@@ -4,7 +4,8 @@
 //! message length, a UD request's destination and MTU, its port), builds the [`Request`],
 //! has it carried to the responder ([`Deliver`]: a transport's job) and turns the
 //! [`Response`] into the outcome the send-queue driver completes, retries or fails the QP
-//! with. Binding a layout touches no responder and executes here.
+//! with. Binds (of layouts and memory windows) and local invalidation touch no responder and
+//! execute here.
 
 use super::request::{Datagram, Deliver, Request, Response};
 use super::wr::{Payload, SendOp, SendWqe};
@@ -16,8 +17,8 @@ use crate::types::{AccessFlags, LinkLayer, QpType, SendFlags, WcStatus};
 
 impl Qp {
     pub(crate) fn execute(&self, st: &mut SendState, w: &SendWqe<'_>) -> Outcome {
-        if let SendOp::BindLayout { key } = w.op {
-            return self.bind_layout(key);
+        if w.op.is_local() {
+            return self.local_op(w.op);
         }
         let need = if w.op.writes_local() {
             AccessFlags::LOCAL_WRITE
@@ -150,18 +151,46 @@ impl Qp {
         }
     }
 
-    /// A layout bind: the staged layout of container `key` takes effect now, in the QP's
-    /// program order.
-    fn bind_layout(&self, key: u32) -> Outcome {
-        let bound = self
-            .dev
-            .layouts
-            .find(key)
-            .is_some_and(|mr| mr.bind(&self.dev.keys, &self.dev.layouts, self.pd.id));
-        if bound {
-            Outcome::Done(WcStatus::Success, 0)
-        } else {
-            Outcome::Done(WcStatus::MwBindErr, 0)
-        }
+    /// A bind or local invalidation, in the QP's program order: a layout bind makes the
+    /// staged layout of container `key` take effect; a window bind or invalidation changes
+    /// the window's entry in this device's key table.
+    fn local_op(&self, op: SendOp) -> Outcome {
+        let keys = &self.dev.keys;
+        let (ok, failed) = match op {
+            SendOp::BindLayout { key } => (
+                self.dev
+                    .layouts
+                    .find(key)
+                    .is_some_and(|mr| mr.bind(keys, &self.dev.layouts, self.pd.id)),
+                WcStatus::MwBindErr,
+            ),
+            SendOp::BindMw {
+                window,
+                rkey,
+                mr,
+                addr,
+                length,
+                access,
+            } => (
+                keys.bind_window(&crate::mr::window::WindowBind {
+                    window,
+                    rkey,
+                    pd: self.pd.id,
+                    qpn: self.qpn,
+                    mr,
+                    addr,
+                    length,
+                    access,
+                })
+                .is_ok(),
+                WcStatus::MwBindErr,
+            ),
+            SendOp::LocalInv { rkey } => (
+                keys.invalidate_window(rkey, self.pd.id).is_ok(),
+                WcStatus::LocQpOpErr,
+            ),
+            _ => (false, WcStatus::LocQpOpErr),
+        };
+        Outcome::Done(if ok { WcStatus::Success } else { failed }, 0)
     }
 }

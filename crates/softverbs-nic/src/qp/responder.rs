@@ -129,7 +129,9 @@ pub(crate) fn respond<R: Responder>(target: &R, req: &Request<'_>) -> Response {
     }
     let access = target.access();
     match req.op {
-        SendOp::Send | SendOp::SendWithImm { .. } => deliver_send(target, req, None),
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
+            deliver_send(target, req, None)
+        }
         SendOp::RdmaWrite { remote_addr, rkey }
         | SendOp::RdmaWriteWithImm {
             remote_addr, rkey, ..
@@ -165,8 +167,11 @@ pub(crate) fn respond<R: Responder>(target: &R, req: &Request<'_>) -> Response {
             rkey,
             AtomicOp::FetchAdd { add },
         ),
-        // Never sent: a bind executes at its requester (`requester::execute`).
-        SendOp::BindLayout { .. } => Response::Nak(WcStatus::RemInvReqErr),
+        // Never sent: binds and local invalidation execute at their requester
+        // (`requester::execute`).
+        SendOp::BindLayout { .. } | SendOp::BindMw { .. } | SendOp::LocalInv { .. } => {
+            Response::Nak(WcStatus::RemInvReqErr)
+        }
     }
 }
 
@@ -207,6 +212,7 @@ fn remote_range<R: Responder>(
     pin_range(
         target.keys(),
         target.pd_id(),
+        target.qpn(),
         rkey,
         addr,
         len,
@@ -468,6 +474,21 @@ fn deliver_send<R: Responder>(
     // pinned.
     if unsafe { place(req.placer, &sources, &dst.spans, dst.placement()) }.is_err() {
         return fail(WcStatus::LocAccessErr, WcStatus::RemOpErr);
+    }
+    let mut imm = imm;
+    if let SendOp::SendWithInv { rkey } = req.op {
+        // After the data, before the completion: the next request already finds the window
+        // invalid. A key that cannot be invalidated is an invalid request (IBA 9.4.1.1.1),
+        // and soft-RoCE's receive status.
+        if target
+            .keys()
+            .invalidate_window(rkey, target.pd_id())
+            .is_err()
+        {
+            return fail(WcStatus::RemInvReqErr, WcStatus::RemInvReqErr);
+        }
+        flags |= WcFlags::WITH_INV;
+        imm = rkey;
     }
     target.push_recv(Cqe {
         wr_id: r.wr_id,

@@ -79,6 +79,8 @@ impl Qp {
                 Send | SendWithImm { .. }
                     | RdmaWrite { .. }
                     | RdmaWriteWithImm { .. }
+                    | BindMw { .. }
+                    | LocalInv { .. }
                     | BindLayout { .. }
             ),
             QpType::Ud => matches!(w.op, Send | SendWithImm { .. } | BindLayout { .. }),
@@ -119,8 +121,8 @@ impl Qp {
                     .into(),
             ));
         }
-        if matches!(w.op, BindLayout { .. }) && !w.payload.is_empty() {
-            return Err(inval("a layout bind takes no data"));
+        if w.op.is_local() && !w.payload.is_empty() {
+            return Err(inval("a bind or local invalidation takes no data"));
         }
         if let AtomicWrite { remote_addr, .. } = w.op {
             if self.qp_type != QpType::Rc {

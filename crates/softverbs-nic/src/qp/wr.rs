@@ -1,7 +1,7 @@
 //! Send work requests as the NIC executes them.
 
 use crate::pd::Ah;
-use crate::types::{SendFlags, Sge, WcOpcode, WrOpcode};
+use crate::types::{AccessFlags, SendFlags, Sge, WcOpcode, WrOpcode};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -44,6 +44,32 @@ pub enum SendOp {
         rkey: u32,
         value: u64,
     },
+    /// SEND with Invalidate (`IBV_WR_SEND_WITH_INV`, RC): a SEND that, once its data is
+    /// placed, invalidates the responder's type-2 memory window `rkey` (of the responder QP's
+    /// PD); its receive completion carries `WITH_INV` and the rkey. A key that cannot be
+    /// invalidated fails the receive and the request with `REM_INV_REQ_ERR`.
+    SendWithInv {
+        rkey: u32,
+    },
+    /// `IBV_WR_BIND_MW` (and `ibv_bind_mw` for a type-1 window): binds memory window
+    /// `window` (any key it has had) to `length` bytes at IOVA `addr` of region `mr` (an
+    /// lkey of this QP's PD, with `MW_BIND`) with rights `access`; the window's rkey is
+    /// `rkey` from then on. Takes no SGEs; RC and UC. Completes with [`WcOpcode::BindMw`], or
+    /// `MW_BIND_ERR` when the rules of [`crate::mr::window`] are broken.
+    BindMw {
+        window: u32,
+        rkey: u32,
+        mr: u32,
+        addr: u64,
+        length: u64,
+        access: AccessFlags,
+    },
+    /// `IBV_WR_LOCAL_INV`: invalidates this PD's type-2 window `rkey` in the QP's program
+    /// order. Takes no SGEs; RC and UC. Completes with [`WcOpcode::LocalInv`], or
+    /// `LOC_QP_OP_ERR` for a key that cannot be invalidated.
+    LocalInv {
+        rkey: u32,
+    },
     /// The seed's `IBV_WR_BIND_MR` for a layout set with `WITH_POST_WR`: the staged layout of
     /// layout container `key` (of this QP's PD) takes effect when this request executes, so
     /// later requests on the QP see it (program order). Takes no SGEs. Completes with
@@ -66,20 +92,26 @@ impl SendOp {
             SendOp::CmpSwap { .. } => WrOpcode::AtomicCmpAndSwp,
             SendOp::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
             SendOp::AtomicWrite { .. } => WrOpcode::AtomicWrite,
-            SendOp::BindLayout { .. } => WrOpcode::BindMw,
+            SendOp::SendWithInv { .. } => WrOpcode::SendWithInv,
+            SendOp::BindMw { .. } => WrOpcode::BindMw,
+            SendOp::LocalInv { .. } => WrOpcode::LocalInv,
+            SendOp::BindLayout { .. } => WrOpcode::Driver1,
         }
     }
 
     /// The opcode its send completion reports.
     pub fn wc_opcode(&self) -> WcOpcode {
         match self {
-            SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
+                WcOpcode::Send
+            }
             SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
             SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
-            SendOp::BindLayout { .. } => WcOpcode::BindMw,
+            SendOp::BindMw { .. } | SendOp::BindLayout { .. } => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
     }
 
@@ -88,6 +120,15 @@ impl SendOp {
         matches!(
             self,
             SendOp::RdmaRead { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+
+    /// True for the work requests that act on this device's keys and reach no responder
+    /// (binds and local invalidation).
+    pub fn is_local(&self) -> bool {
+        matches!(
+            self,
+            SendOp::BindMw { .. } | SendOp::LocalInv { .. } | SendOp::BindLayout { .. }
         )
     }
 

@@ -48,6 +48,13 @@ impl WorkCompletion {
             .contains(WcFlags::WITH_IMM)
             .then_some(self.0.imm_data)
     }
+    /// The rkey a SEND with Invalidate invalidated here, if the message was one
+    /// (`IBV_WC_WITH_INV`; `wc.invalidated_rkey` in C).
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        self.wc_flags()
+            .contains(WcFlags::WITH_INV)
+            .then_some(self.0.imm_data)
+    }
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
         self.0.qp_num

@@ -142,6 +142,21 @@ impl Offload for NetQp {
                 h.compare_add = operand;
             }
             SendOp::Send | SendOp::SendWithImm { .. } => {}
+            SendOp::SendWithInv { rkey } | SendOp::LocalInv { rkey } => h.rkey = rkey,
+            SendOp::BindMw {
+                window,
+                rkey,
+                mr,
+                addr,
+                length,
+                access,
+            } => {
+                h.remote_addr = addr;
+                h.compare_add = length;
+                h.rkey = rkey;
+                h.imm = mr;
+                h.swap = u64::from(window) << 32 | u64::from(access.bits());
+            }
             SendOp::BindLayout { .. } => {
                 return Err(Error::Unsupported(
                     "layout binds on networked devices".into(),

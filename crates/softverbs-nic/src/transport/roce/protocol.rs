@@ -310,6 +310,11 @@ pub(crate) const WQE_INLINE: u8 = 8;
 
 /// A send WQE in a networked QP's send ring, followed by `count` SGEs or, with
 /// [`WQE_INLINE`], `len` bytes of inline data in 16-byte chunks.
+///
+/// A memory-window bind (`IBV_WR_BIND_MW`, which the engine executes against the owner's key
+/// table) carries the range in `remote_addr` and `compare_add` (length), the new rkey in
+/// `rkey`, the region's lkey in `imm`, and the window and its rights in `swap` (window
+/// `<< 32 | access`); a local invalidation (and a SEND with Invalidate) its rkey in `rkey`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct NetWqe {

@@ -89,9 +89,16 @@ impl HostMemory {
         if va % 8 != 0 {
             return Err(MemError::Misaligned);
         }
-        let cell = pin_range(q.keys(), q.pd_id(), rkey, va, 8, need, |p, h, n| {
-            q.place(p, h, n)
-        })
+        let cell = pin_range(
+            q.keys(),
+            q.pd_id(),
+            q.qpn(),
+            rkey,
+            va,
+            8,
+            need,
+            |p, h, n| q.place(p, h, n),
+        )
         .ok_or(MemError::NoRights)?;
         match cell.spans() {
             [w] if w.pid == 0 && w.len == 8 && w.count == 1 && w.addr % 8 == 0 => Ok(f(w.addr)),
@@ -123,6 +130,7 @@ impl Memory for HostMemory {
         pin_range(
             q.keys(),
             q.pd_id(),
+            q.qpn(),
             rkey,
             va,
             len,
@@ -141,6 +149,7 @@ impl Memory for HostMemory {
         let dst = pin_range(
             q.keys(),
             q.pd_id(),
+            q.qpn(),
             rkey,
             va,
             data.len() as u64,
@@ -159,6 +168,7 @@ impl Memory for HostMemory {
         let src = pin_range(
             q.keys(),
             q.pd_id(),
+            q.qpn(),
             rkey,
             va,
             out.len() as u64,
@@ -230,9 +240,12 @@ impl Memory for HostMemory {
         Self::copy(&[Span::of(data)], &dst)
     }
 
-    /// Memory windows are not implemented yet, so no R_Key can be invalidated remotely.
-    fn invalidate(&mut self, _pd: u32, _rkey: u32) -> Result<(), MemError> {
-        Err(MemError::UnknownKey)
+    /// A SEND with Invalidate: the type-2 window `rkey` of the QP's PD is freed.
+    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
+        let q = self.qp(pd)?;
+        q.keys()
+            .invalidate_window(rkey, q.pd_id())
+            .map_err(|_| MemError::UnknownKey)
     }
 }
 

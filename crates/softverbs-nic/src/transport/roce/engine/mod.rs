@@ -39,9 +39,12 @@ use crate::cq::Cqe;
 use crate::device_memory::doorbell::Doorbell;
 use crate::device_memory::ring::Ring;
 use crate::device_memory::segment::Segment;
+use crate::mr::window::WindowBind;
 use crate::qp::responder::Responder;
 use crate::transport::same_host::RemoteQp;
-use crate::types::{AsyncEventType, Gid, WcFlags, WcOpcode as NicOp, WcStatus as NicStatus};
+use crate::types::{
+    AccessFlags, AsyncEventType, Gid, WcFlags, WcOpcode as NicOp, WcStatus as NicStatus,
+};
 use crate::types::{Sge as NicSge, WrOpcode};
 use io::{Capture, FaultInjector, HEADROOM, Socket};
 use memory::HostMemory;
@@ -111,6 +114,9 @@ struct EngineQp {
     sq_sig_all: bool,
     /// Send WQEs handed to the core, oldest first: (number, wr_id, signaled).
     wrs: VecDeque<(u32, u64, bool)>,
+    /// Binds and local invalidations executed here, by number: their status and opcode,
+    /// completed once every request before them has (completions stay in order).
+    local_done: HashMap<u32, (NicStatus, NicOp)>,
     /// In the transport core (after RTR).
     live: bool,
     /// Set when the program moved it to ERR (no async event for that).
@@ -334,6 +340,36 @@ fn imm_from_wire(imm: u32) -> u32 {
     u32::from_ne_bytes(imm.to_be_bytes())
 }
 
+/// Executes `w` if it is a bind or a local invalidation (which touch the owner's key table
+/// and no wire): its completion status and opcode.
+fn local_op(w: &NetWqe, owner: &RemoteQp, qpn: u32) -> Option<(NicStatus, NicOp)> {
+    let keys = owner.keys();
+    let (ok, failed, op) = match WrOpcode::from_raw(u32::from(w.opcode))? {
+        WrOpcode::BindMw => (
+            keys.bind_window(&WindowBind {
+                window: (w.swap >> 32) as u32,
+                rkey: w.rkey,
+                pd: owner.pd_id(),
+                qpn,
+                mr: w.imm,
+                addr: w.remote_addr,
+                length: w.compare_add,
+                access: AccessFlags::from_bits_retain(w.swap as u32),
+            })
+            .is_ok(),
+            NicStatus::MwBindErr,
+            NicOp::BindMw,
+        ),
+        WrOpcode::LocalInv => (
+            keys.invalidate_window(w.rkey, owner.pd_id()).is_ok(),
+            NicStatus::LocQpOpErr,
+            NicOp::LocalInv,
+        ),
+        _ => return None,
+    };
+    Some((if ok { NicStatus::Success } else { failed }, op))
+}
+
 /// The send WQE `w` as the core takes it, or why not.
 fn send_wr(w: &NetWqe, items: &[NicSge]) -> Option<SendWr> {
     let imm = |with: bool| with.then_some(imm_to_wire(w.imm));
@@ -341,6 +377,10 @@ fn send_wr(w: &NetWqe, items: &[NicSge]) -> Option<SendWr> {
         WrOpcode::Send | WrOpcode::SendWithImm => SendOp::Send {
             imm: imm(w.opcode == WrOpcode::SendWithImm as u8),
             invalidate: None,
+        },
+        WrOpcode::SendWithInv => SendOp::Send {
+            imm: None,
+            invalidate: Some(w.rkey),
         },
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => SendOp::Write {
             va: w.remote_addr,
@@ -367,7 +407,7 @@ fn send_wr(w: &NetWqe, items: &[NicSge]) -> Option<SendWr> {
             rkey: w.rkey,
             value: w.compare_add,
         },
-        WrOpcode::BindMw => return None,
+        WrOpcode::BindMw | WrOpcode::LocalInv | WrOpcode::Driver1 => return None,
     };
     let mut wr = SendWr::new(u64::from(w.seq), op);
     wr.signaled = true;
@@ -714,6 +754,7 @@ impl Engine {
                         tag,
                         sq_sig_all: false,
                         wrs: VecDeque::new(),
+                        local_done: HashMap::new(),
                         live: false,
                         modified: false,
                     },
@@ -903,6 +944,13 @@ impl Engine {
                 any = true;
                 let signaled = q.sq_sig_all || w.flags & WQE_SIGNALED != 0;
                 q.wrs.push_back((w.seq, w.wr_id, signaled));
+                if let Some(done) = local_op(&w, &q.remote, qpn) {
+                    // Executed now: incoming requests see it from here on, and it depends on
+                    // nothing before it in the queue (windows are no lkeys).
+                    q.local_done.insert(w.seq, done);
+                    self.complete_local(qpn);
+                    continue;
+                }
                 let posted = match (q.live, send_wr(&w, &self.items)) {
                     (true, Some(wr)) => self
                         .ep
@@ -1052,6 +1100,27 @@ impl Engine {
         }
         let done = q.wrs.front().map_or(seq.wrapping_add(1), |w| w.0);
         q.remote.set_sq_done(done);
+        self.complete_local(qpn);
+    }
+
+    /// Completes the binds and invalidations at the head of `qpn`'s queue. A failed one
+    /// moves the QP to ERR once its error completion is out, as a failed request does.
+    fn complete_local(&mut self, qpn: u32) {
+        loop {
+            let Some(q) = self.qps.get_mut(&qpn) else {
+                return;
+            };
+            let Some(&(seq, ..)) = q.wrs.front() else {
+                return;
+            };
+            let Some((status, op)) = q.local_done.remove(&seq) else {
+                return;
+            };
+            self.complete_send(qpn, seq, status, op, 0);
+            if status != NicStatus::Success {
+                self.ep.with_qp(qpn, |c| c.set_error());
+            }
+        }
     }
 
     fn complete_recv(&mut self, qpn: u32, c: &Completion) {
@@ -1060,6 +1129,14 @@ impl Engine {
         if c.imm.is_some() {
             flags |= WcFlags::WITH_IMM;
         }
+        // The invalidated rkey is a plain number (not wire bytes, as immediate data is).
+        let imm_data = match c.invalidated {
+            Some(rkey) => {
+                flags |= WcFlags::WITH_INV;
+                rkey
+            }
+            None => c.imm.map_or(0, imm_from_wire),
+        };
         // A RoCE packet has no service level; like a ConnectX, the work completion's `sl`
         // tells a UD receiver which IP header its GRH room holds (bit 3: a RoCEv2 UDP
         // packet; low bits 1 = IPv6, 2 = IPv4). UCX up to 1.18 reads the GRH room by it.
@@ -1078,7 +1155,7 @@ impl Engine {
             status: status_of(c.status) as u8,
             opcode: opcode_of(c.opcode) as u8,
             byte_len: c.byte_len,
-            imm_data: c.imm.map_or(0, imm_from_wire),
+            imm_data,
             qp_num: qpn,
             src_qp: c.src_qp,
             wc_flags: flags.bits() as u8,
