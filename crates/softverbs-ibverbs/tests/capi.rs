@@ -221,6 +221,12 @@ fn c_memory_windows() {
     run_c_program_with("conformance", false, &["mw"]);
 }
 
+/// `conformance mcast`: UD multicast through `ibv_attach_mcast`/`ibv_detach_mcast`.
+#[test]
+fn c_ud_multicast() {
+    run_c_program_with("conformance", false, &["mcast"]);
+}
+
 /// `conformance awrite`: RDMA ATOMIC WRITE through `ibv_wr_atomic_write` and `ibv_post_send`,
 /// its cap, and its errors.
 #[test]

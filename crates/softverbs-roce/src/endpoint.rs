@@ -57,7 +57,12 @@ pub struct Endpoint<M: Memory> {
     payload: Vec<u8>,
     events: VecDeque<(u32, Event)>,
     ident: u16,
+    /// UD multicast: the IP multicast groups this host joined, and their QPs.
+    groups: BTreeMap<IpAddr, Vec<u32>>,
 }
+
+/// The destination QP of a UD datagram to a multicast group (IBA 10.8.2).
+pub const MULTICAST_QPN: u32 = 0xff_ffff;
 
 impl<M: Memory> Endpoint<M> {
     /// An endpoint at `addr` with no QPs.
@@ -73,7 +78,51 @@ impl<M: Memory> Endpoint<M> {
             payload: vec![0; 4096],
             events: VecDeque::new(),
             ident: 0,
+            groups: BTreeMap::new(),
         }
+    }
+
+    /// Attaches UD QP `qpn` to the IP multicast group `group`: datagrams to the group with
+    /// the multicast QPN reach it. True if the group had no member here before (the host
+    /// must join it on the network).
+    pub fn join(&mut self, qpn: u32, group: IpAddr) -> bool {
+        let members = self.groups.entry(group).or_default();
+        let first = members.is_empty();
+        if !members.contains(&qpn) {
+            members.push(qpn);
+        }
+        first
+    }
+
+    /// Detaches `qpn` from `group`. True if the group has no member here any more (the host
+    /// may leave it).
+    pub fn leave(&mut self, qpn: u32, group: IpAddr) -> bool {
+        let Some(members) = self.groups.get_mut(&group) else {
+            return false;
+        };
+        members.retain(|&q| q != qpn);
+        let last = members.is_empty();
+        if last {
+            self.groups.remove(&group);
+        }
+        last
+    }
+
+    /// Detaches `qpn` from every group (it is going away); the groups left without a member
+    /// here.
+    pub fn leave_all(&mut self, qpn: u32) -> Vec<IpAddr> {
+        let groups: Vec<IpAddr> = self
+            .groups
+            .iter()
+            .filter(|(_, m)| m.contains(&qpn))
+            .map(|(g, _)| *g)
+            .collect();
+        groups.into_iter().filter(|&g| self.leave(qpn, g)).collect()
+    }
+
+    /// The QPs attached to `group` here.
+    pub fn members(&self, group: IpAddr) -> &[u32] {
+        self.groups.get(&group).map_or(&[], |m| m.as_slice())
     }
 
     pub fn addr(&self) -> IpAddr {
@@ -161,6 +210,24 @@ impl<M: Memory> Endpoint<M> {
                 return;
             }
         };
+        if let Some(members) = self.groups.get(&d.ip.dst()) {
+            // A group's datagram is a copy for each member (a UD QP checks its Q_Key).
+            if d.headers.bth.dest_qp != MULTICAST_QPN {
+                self.counters.not_ours += 1;
+                return;
+            }
+            for qpn in members.clone() {
+                if let Some(qp) = self
+                    .qps
+                    .get_mut(&qpn)
+                    .filter(|q| q.config().qp_type == crate::transport::QpType::Ud)
+                {
+                    qp.handle_packet(now, &mut self.mem, &d);
+                    Self::drain_events(qp, &mut self.events);
+                }
+            }
+            return;
+        }
         if !self.is_ours(d.ip.dst()) {
             self.counters.not_ours += 1;
             return;

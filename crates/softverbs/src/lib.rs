@@ -53,6 +53,7 @@ pub use qp::{
 
 pub use softverbs_nic::config::{DeviceConfig, ENV_DEVICES, Limits};
 pub use softverbs_nic::device::event::{AsyncEvent, EventElement};
+pub use softverbs_nic::device::multicast::MULTICAST_QPN;
 pub use softverbs_nic::device::{DeviceAttr, OdpCaps, PortAttr, cap_flags, cap_flags_ex};
 pub use softverbs_nic::mr::ordering::{OrderingObserver, ScrambledPiece};
 pub use softverbs_nic::pd::{MwType, Prefetch, inc_rkey};

@@ -204,6 +204,21 @@ impl QueuePair {
         self.inner.post_send(wrs.into_iter().map(SendWr::to_wqe))
     }
 
+    /// `ibv_attach_mcast`: attaches this UD QP to the multicast group `mgid` (`mlid`: the
+    /// group's multicast LID on InfiniBand ports, ignored on RoCE). A UD send to
+    /// [`MULTICAST_QPN`](crate::MULTICAST_QPN)
+    /// through an address handle whose GRH names the group (or, on InfiniBand, whose `dlid`
+    /// is its LID) reaches every attached QP on the host, the sender's own included.
+    /// Dropping the QP detaches it.
+    pub fn attach_mcast(&self, mgid: Gid, mlid: u16) -> Result<()> {
+        self.inner.attach_mcast(mgid, mlid)
+    }
+
+    /// `ibv_detach_mcast`: `InvalidArgument` if the QP is not attached to the group.
+    pub fn detach_mcast(&self, mgid: Gid, mlid: u16) -> Result<()> {
+        self.inner.detach_mcast(mgid, mlid)
+    }
+
     /// `ibv_post_recv`.
     pub fn post_recv<'a>(
         &self,

@@ -92,6 +92,11 @@ pub unsafe extern "C" fn sv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     if qp.is_null() {
         return EINVAL;
     }
+    // SAFETY: a QP of ours, not yet destroyed.
+    if unsafe { &*(qp as *const SvQp) }.nic.attached_groups() > 0 {
+        // As the kernel's uverbs: detach it from its multicast groups first.
+        return libc::EBUSY;
+    }
     // SAFETY: `qp` came from `sv_ibv_create_qp` (Box::into_raw of an SvQp).
     let b = unsafe { Box::from_raw(qp as *mut SvQp) };
     Registry::set(&b.reg.qps, b.nic.qpn(), 0);
@@ -254,4 +259,46 @@ pub unsafe extern "C" fn sv_ibv_query_qp(
         init.write(init_out);
     }
     0
+}
+
+/// The NIC QP and the group of an `ibv_attach_mcast`/`ibv_detach_mcast` call.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP of ours, `gid` NULL or readable.
+unsafe fn mcast_args<'a>(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+) -> Option<(&'a Arc<Qp>, softverbs_nic::types::Gid)> {
+    if qp.is_null() || gid.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's.
+    let (sv, g) = unsafe { (&*(qp as *const SvQp), *gid) };
+    Some((&sv.nic, softverbs_nic::types::Gid(g.0)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    lid: u16,
+) -> c_int {
+    // SAFETY: the caller's.
+    match unsafe { mcast_args(qp, gid) } {
+        Some((q, g)) => rc(q.attach_mcast(g, lid)),
+        None => EINVAL,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    lid: u16,
+) -> c_int {
+    // SAFETY: the caller's.
+    match unsafe { mcast_args(qp, gid) } {
+        Some((q, g)) => rc(q.detach_mcast(g, lid)),
+        None => EINVAL,
+    }
 }

@@ -15,7 +15,7 @@
  *          have, and out-of-range sizes: NULL with EINVAL; every vector it has works.
  *   query  ibv_query_device / _ex / ibv_query_port / ibv_query_gid / ibv_query_pkey: non-zero
  *          vendor and part ids, the _ex call's orig_attr the same as the plain one, no
- *          capability advertised that is not implemented (XRC, multicast, type-2A windows),
+ *          capability advertised that is not implemented (XRC, type-2A windows),
  *          the CM supported on the port, bad port, GID and P_Key indexes refused.
  *   odp    on-demand paging: the caps; RDMA WRITE and READ into memory never touched, through
  *          an explicit region and an implicit one over the whole address space (also an
@@ -42,6 +42,10 @@
  *          ibv_wr_send_inv and ibv_wr_local_inv; a bind by a QP of another PD or over a
  *          region without MW_BIND completes with IBV_WC_MW_BIND_ERR; ibv_bind_mw of a
  *          type-2 window and an IBV_WR_BIND_MW naming no window of ours are EINVAL.
+ *   mcast  UD multicast: the caps; a SEND to the multicast QPN through an AH naming the group
+ *          reaches the attached QPs only, with the group as the GRH's destination;
+ *          attaching twice is 0; a non-multicast GID, a QP that is not UD and detaching what
+ *          is not attached are EINVAL; ibv_destroy_qp of an attached QP is EBUSY.
  *   events the asynchronous events errors raise: IBV_EVENT_QP_REQ_ERR on a responder whose QP
  *          refuses a WRITE it does not allow, IBV_EVENT_QP_LAST_WQE_REACHED on an SRQ's QP
  *          moved to the error state, IBV_EVENT_CQ_ERR on a CQ that overflows; each names its
@@ -317,9 +321,9 @@ static void family_query(struct ibv_context *ctx) {
     CHECK(ibv_query_device(ctx, &a) == 0);
     CHECK(a.vendor_id != 0 && a.vendor_part_id != 0 && a.phys_port_cnt == 1);
     CHECK(a.max_qp > 0 && a.max_cq > 0 && a.max_mr > 0 && a.max_pd > 0 && a.max_sge > 0);
-    /* Not implemented, so not advertised: multicast, type-2A windows, XRC, fast-register
-     * regions. Windows of type 1 and 2B are (the mw family uses them). */
-    CHECK(a.max_mcast_grp == 0 && a.max_mcast_qp_attach == 0);
+    /* Not implemented, so not advertised: type-2A windows, XRC, fast-register regions.
+     * Windows of type 1 and 2B and multicast are (the mw and mcast families use them). */
+    CHECK(a.max_mcast_grp > 0 && a.max_mcast_qp_attach > 0);
     CHECK((a.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_XRC |
                                  IBV_DEVICE_MEM_MGT_EXTENSIONS)) == 0);
     CHECK((a.device_cap_flags & IBV_DEVICE_MEM_WINDOW) && a.max_mw > 0);
@@ -726,6 +730,24 @@ static void family_odp(struct ibv_context *ctx) {
     free(to);
 }
 
+/* A UD QP of `pd` on `cq` in RTS with Q_Key `qkey`. */
+static struct ibv_qp *ud_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t qkey) {
+    struct ibv_qp_init_attr ui = rc_init_attr(cq, 4, 1);
+    ui.qp_type = IBV_QPT_UD;
+    struct ibv_qp *ud = ibv_create_qp(pd, &ui);
+    CHECK(ud);
+    struct ibv_qp_attr ua = {0};
+    ua.qp_state = IBV_QPS_INIT;
+    ua.port_num = 1;
+    ua.qkey = qkey;
+    CHECK(ibv_modify_qp(ud, &ua, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+    ua.qp_state = IBV_QPS_RTR;
+    CHECK(ibv_modify_qp(ud, &ua, IBV_QP_STATE) == 0);
+    ua.qp_state = IBV_QPS_RTS;
+    CHECK(ibv_modify_qp(ud, &ua, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+    return ud;
+}
+
 static void family_atomic_write(struct ibv_context *ctx) {
     struct ibv_device_attr_ex x;
     CHECK(ibv_query_device_ex(ctx, NULL, &x) == 0);
@@ -795,19 +817,7 @@ static void family_atomic_write(struct ibv_context *ctx) {
     CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
 
     /* UD has no ATOMIC WRITE. */
-    struct ibv_qp_init_attr ui = rc_init_attr(cq, 4, 1);
-    ui.qp_type = IBV_QPT_UD;
-    struct ibv_qp *ud = ibv_create_qp(pd, &ui);
-    CHECK(ud);
-    struct ibv_qp_attr ua = {0};
-    ua.qp_state = IBV_QPS_INIT;
-    ua.port_num = 1;
-    ua.qkey = 1;
-    CHECK(ibv_modify_qp(ud, &ua, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
-    ua.qp_state = IBV_QPS_RTR;
-    CHECK(ibv_modify_qp(ud, &ua, IBV_QP_STATE) == 0);
-    ua.qp_state = IBV_QPS_RTS;
-    CHECK(ibv_modify_qp(ud, &ua, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+    struct ibv_qp *ud = ud_qp(pd, cq, 1);
     struct ibv_ah_attr aa = ah_to(&gid);
     struct ibv_ah *ah = ibv_create_ah(pd, &aa);
     CHECK(ah);
@@ -1239,6 +1249,88 @@ static void family_domain(struct ibv_context *ctx) {
     free(dst);
 }
 
+/* UD multicast: the caps, delivery to the attached QPs only, detach, and the errors. */
+static void family_mcast(struct ibv_context *ctx) {
+    struct ibv_device_attr a;
+    CHECK(ibv_query_device(ctx, &a) == 0);
+    CHECK(a.max_mcast_grp > 0 && a.max_mcast_qp_attach > 0 &&
+          a.max_total_mcast_qp_attach >= a.max_mcast_qp_attach);
+    struct ibv_port_attr pa;
+    CHECK(ibv_query_port(ctx, 1, &pa) == 0);
+    uint16_t mlid = pa.link_layer == IBV_LINK_LAYER_INFINIBAND ? 0xc0c1 : 0;
+    union ibv_gid mgid = {.raw = {0xff, 0x12, 0x40, 0x1b, [14] = 0xc0, [15] = 0xc1}};
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq[3];
+    struct ibv_qp *qp[3];
+    char *buf = calloc(3, 256);
+    CHECK(pd && buf);
+    struct ibv_mr *mr = ibv_reg_mr(pd, buf, 3 * 256, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr);
+    for (int i = 0; i < 3; i++) {
+        cq[i] = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+        CHECK(cq[i]);
+        qp[i] = ud_qp(pd, cq[i], 0x11);
+        struct ibv_sge s = {(uintptr_t)buf + 256 * (uint64_t)i, 256, mr->lkey};
+        struct ibv_recv_wr r = {0}, *rb = NULL;
+        r.wr_id = 100 + (uint64_t)i;
+        r.sg_list = &s;
+        r.num_sge = 1;
+        CHECK(ibv_post_recv(qp[i], &r, &rb) == 0);
+    }
+    union ibv_gid plain;
+    CHECK(ibv_query_gid(ctx, 1, 0, &plain) == 0);
+    CHECK(ibv_attach_mcast(qp[0], &plain, mlid) == EINVAL); /* not a multicast GID */
+    CHECK(ibv_detach_mcast(qp[0], &mgid, mlid) == EINVAL);  /* not attached */
+    CHECK(ibv_attach_mcast(qp[0], &mgid, mlid) == 0);
+    CHECK(ibv_attach_mcast(qp[0], &mgid, mlid) == 0); /* again: as the kernel, no error */
+    CHECK(ibv_attach_mcast(qp[1], &mgid, mlid) == 0);
+    CHECK(ibv_destroy_qp(qp[1]) == EBUSY); /* attached: detach first */
+
+    struct ibv_ah_attr aa = {0};
+    aa.port_num = 1;
+    aa.dlid = mlid;
+    aa.is_global = 1;
+    aa.grh.dgid = mgid;
+    aa.grh.hop_limit = 1;
+    struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+    CHECK(ah);
+    strcpy(buf + 2 * 256 + 128, "multicast");
+    struct ibv_sge ss = {(uintptr_t)buf + 2 * 256 + 128, 10, mr->lkey};
+    struct ibv_send_wr w = {0};
+    w.wr_id = 7;
+    w.opcode = IBV_WR_SEND;
+    w.sg_list = &ss;
+    w.num_sge = 1;
+    w.wr.ud.ah = ah;
+    w.wr.ud.remote_qpn = 0xffffff;
+    w.wr.ud.remote_qkey = 0x11;
+    post(qp[2], &w);
+    struct ibv_wc wc = poll1(cq[2]);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 7);
+    for (int i = 0; i < 2; i++) {
+        wc = poll1(cq[i]);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 100 + (uint64_t)i);
+        CHECK(wc.opcode == IBV_WC_RECV && wc.src_qp == qp[2]->qp_num && wc.byte_len == 50);
+        CHECK(wc.wc_flags & IBV_WC_GRH);
+        CHECK(!memcmp(buf + 256 * i + 24, mgid.raw, 16)); /* the GRH's destination: the group */
+        CHECK(!strcmp(buf + 256 * i + 40, "multicast"));
+    }
+    usleep(20000);
+    CHECK(ibv_poll_cq(cq[2], 1, &wc) == 0); /* qp[2] is not a member: no copy */
+    CHECK(ibv_detach_mcast(qp[0], &mgid, mlid) == 0 && ibv_detach_mcast(qp[1], &mgid, mlid) == 0);
+    CHECK(ibv_detach_mcast(qp[1], &mgid, mlid) == EINVAL);
+
+    /* Only UD QPs join. */
+    struct ibv_qp_init_attr ri = rc_init_attr(cq[0], 4, 1);
+    struct ibv_qp *rc = ibv_create_qp(pd, &ri);
+    CHECK(rc && ibv_attach_mcast(rc, &mgid, mlid) == EINVAL);
+    CHECK(ibv_destroy_qp(rc) == 0);
+    for (int i = 0; i < 3; i++)
+        CHECK(ibv_destroy_qp(qp[i]) == 0 && ibv_destroy_cq(cq[i]) == 0);
+    CHECK(ibv_destroy_ah(ah) == 0 && ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0);
+    free(buf);
+}
+
 static void family_srq_ah(struct ibv_context *ctx) {
     struct ibv_device_attr a;
     CHECK(ibv_query_device(ctx, &a) == 0);
@@ -1388,6 +1480,8 @@ int main(int argc, char **argv) {
         family_srq_ah(ctx);
     else if (!strcmp(argv[1], "mw"))
         family_mw(ctx);
+    else if (!strcmp(argv[1], "mcast"))
+        family_mcast(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);

@@ -1,6 +1,6 @@
 //! What `ibv_query_device`, `ibv_query_port`, `ibv_query_gid` and `ibv_query_pkey` report.
 
-use super::Device;
+use super::{Device, multicast};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::types::{AtomicCap, Gid, LinkLayer, Mtu, PortState};
@@ -33,6 +33,11 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u32,
     pub atomic_cap: AtomicCap,
     pub max_ah: u32,
+    /// UD multicast: groups (on one host: of the host; on a networked device the host
+    /// engine's), QPs per group, attachments in all.
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub max_total_mcast_qp_attach: u32,
     pub max_srq: u32,
     pub max_srq_wr: u32,
     pub max_srq_sge: u32,
@@ -177,6 +182,9 @@ impl Device {
             max_qp_init_rd_atom: l.max_qp_rd_atom,
             atomic_cap: AtomicCap::Hca,
             max_ah: l.max_ah,
+            max_mcast_grp: multicast::MAX_GROUPS,
+            max_mcast_qp_attach: multicast::MAX_QPS_PER_GROUP,
+            max_total_mcast_qp_attach: multicast::MAX_GROUPS * multicast::MAX_QPS_PER_GROUP,
             max_srq: l.max_srq,
             max_srq_wr: l.max_srq_wr,
             max_srq_sge: l.max_srq_sge,

@@ -2,7 +2,8 @@
 //!
 //! A device owns what every object opened on it shares: its configuration and limits
 //! (`resource`), its key table and layout containers, its clock, its QP numbers and table of
-//! live QPs (`qpn`, with the host-wide `directory`), its port and the contexts told about
+//! live QPs (`qpn`, with the host-wide `directory`), the host's multicast groups
+//! ([`multicast`]), its port and the contexts told about
 //! it ([`Context`], [`event`]), and the timer thread for deferred work (`progress`). What
 //! the query verbs report is in `attr`.
 
@@ -10,6 +11,7 @@ mod attr;
 mod context;
 pub(crate) mod directory;
 pub mod event;
+pub mod multicast;
 pub(crate) mod progress;
 mod qpn;
 mod resource;

@@ -7,6 +7,7 @@
 
 mod attr;
 pub(crate) mod context;
+mod multicast;
 pub(crate) mod request;
 pub(crate) mod requester;
 pub(crate) mod responder;
@@ -65,6 +66,8 @@ pub struct Qp {
     me: Weak<Qp>,
     /// Its PD, CQs and SRQ are in use until it is destroyed (see [`Qp::release_uses`]).
     uses: Mutex<Vec<crate::device::InUse>>,
+    /// The multicast groups it is attached to (UD).
+    mcast: Mutex<Vec<crate::device::multicast::Membership>>,
     _count: Counted,
 }
 
@@ -189,6 +192,7 @@ impl Qp {
             me: me.clone(),
             dev: dev.clone(),
             uses: Mutex::new(uses),
+            mcast: Mutex::new(Vec::new()),
             _count: count,
         });
         dev.register_qp(qpn, Arc::downgrade(&qp) as Weak<_>);

@@ -93,6 +93,10 @@ pub(crate) trait Deliver {
     /// UD: QP `qpn` where address handle `ah` leads, found anew for each message.
     fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target>;
 
+    /// UD to the multicast QPN: every QP attached to the group `ah` names, found anew for
+    /// each message.
+    fn ud_group(&self, ah: &Ah) -> Vec<Self::Target>;
+
     /// Carries `req` to `to` and brings back the answer.
     fn deliver(&self, to: &Self::Target, req: &Request<'_>) -> Response;
 
@@ -125,6 +129,9 @@ pub(crate) trait Offload: Send + Sync {
     fn post(&self, seq: u32, w: &SendWqe<'_>, attr: &QpAttr) -> Result<()>;
     /// The QP moves from `from` to `to` with attributes `attr` (refused: the QP stays).
     fn moved(&self, qp: &Qp, from: QpState, to: QpState, attr: &QpAttr) -> Result<()>;
+    /// UD multicast: the executor delivers the group `mgid`'s datagrams to the QP (or, with
+    /// `join` false, no longer).
+    fn group(&self, mgid: Gid, join: bool) -> Result<()>;
     /// Requests handed over and not completed (number, `wr_id`, opcode), oldest first, of
     /// those numbered from `done` on: what to flush if the executor is lost.
     fn unfinished(&self, done: u32) -> Vec<(u32, u64, WcOpcode)>;

@@ -11,6 +11,7 @@ use super::request::{Datagram, Deliver, Request, Response};
 use super::wr::{Payload, SendOp, SendWqe};
 use super::{Outcome, Qp, SendState};
 use crate::device::MAX_MSG_SIZE;
+use crate::device::multicast::MULTICAST_QPN;
 use crate::mr::access::{self, Span};
 use crate::mr::resolve::{Spans, pin_sges};
 use crate::types::{AccessFlags, LinkLayer, QpType, SendFlags, WcStatus};
@@ -59,8 +60,14 @@ impl Qp {
         if !self.dev.port_active() {
             return self.lost(len);
         }
-        let Some(target) = self.ud_responder(&ud.ah, ud.remote_qpn) else {
-            return self.lost(len);
+        let group = ud.remote_qpn == MULTICAST_QPN;
+        let target = if group {
+            None
+        } else {
+            match self.ud_responder(&ud.ah, ud.remote_qpn) {
+                Some(t) => Some(t),
+                None => return self.lost(len),
+            }
         };
         // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
         let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
@@ -75,8 +82,20 @@ impl Qp {
             grh: ud.ah.attr.grh.is_some() || self.dev.config.link_layer == LinkLayer::Ethernet,
         };
         let req = self.request(w, local, ud.ah.attr.sl, Some(datagram));
-        let response = self.deliver(&target, &req);
-        self.outcome(response, local)
+        match target {
+            Some(t) => {
+                let response = self.deliver(&t, &req);
+                self.outcome(response, local)
+            }
+            // Each member takes its copy or drops it (Q_Key, no receive); the sender never
+            // learns which, as on a fabric.
+            None => {
+                for t in self.ud_group(&ud.ah) {
+                    let _ = self.deliver(&t, &req);
+                }
+                self.lost(len)
+            }
+        }
     }
 
     /// Checks and pins the local side of a work request.

@@ -124,7 +124,12 @@ pub(crate) fn respond<R: Responder>(target: &R, req: &Request<'_>) -> Response {
         if ud.qkey != target.qkey() {
             return Response::Dropped;
         }
-        let grh = build_grh(ud.sgid, target.gid(), ud.av, req.len);
+        // A datagram to a group carries the group's GID as its destination.
+        let dgid = match ud.av.grh {
+            Some(g) if crate::device::multicast::is_multicast(&g.dgid) => g.dgid,
+            _ => target.gid(),
+        };
+        let grh = build_grh(ud.sgid, dgid, ud.av, req.len);
         return deliver_send(target, req, Some((&grh, ud.grh)));
     }
     let access = target.access();

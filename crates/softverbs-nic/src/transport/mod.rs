@@ -61,6 +61,10 @@ pub(crate) trait Transport {
     /// UD: QP `qpn` where `ah` leads, found for one message.
     fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target>;
 
+    /// UD to the multicast QPN: the QPs of `dev` (the sender's: its fabric) attached to
+    /// the group `ah` names (its GRH's multicast GID, else its multicast LID).
+    fn ud_group(&self, dev: &Arc<Device>, ah: &Ah) -> Vec<Self::Target>;
+
     /// Carries `req` to `to`'s side, has the responder's semantics run there, and brings the
     /// answer back.
     fn deliver(&self, to: &Self::Target, req: &Request<'_>) -> Response;
@@ -89,6 +93,10 @@ impl Deliver for Qp {
     #[inline]
     fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target> {
         SameHost.ud_responder(ah, qpn)
+    }
+
+    fn ud_group(&self, ah: &Ah) -> Vec<Self::Target> {
+        SameHost.ud_group(&self.dev, ah)
     }
 
     #[inline]

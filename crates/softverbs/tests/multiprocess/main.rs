@@ -17,6 +17,7 @@ mod cleanup;
 mod cq;
 mod events;
 mod failure;
+mod multicast;
 mod mw;
 mod noncontig;
 mod odp;

@@ -7,6 +7,7 @@ mod atomics;
 mod channel;
 mod device;
 mod errors;
+mod multicast;
 mod mw;
 mod noncontig;
 mod odp;

@@ -201,6 +201,14 @@ impl Offload for NetQp {
         Ok(())
     }
 
+    fn group(&self, mgid: crate::types::Gid, join: bool) -> Result<()> {
+        self.link.send(&Ctl::Group {
+            qpn: self.qpn,
+            group: ip_of(mgid),
+            join,
+        })
+    }
+
     fn moved(&self, qp: &Qp, from: QpState, to: QpState, attr: &QpAttr) -> Result<()> {
         let qpn = self.qpn;
         match to {

@@ -94,6 +94,13 @@ pub(crate) enum Ctl {
     Close {
         qpn: u32,
     },
+    /// UD multicast: attach QP `qpn` to (or, `join` false, detach it from) the IP multicast
+    /// group `group`.
+    Group {
+        qpn: u32,
+        group: IpAddr,
+        join: bool,
+    },
     /// `softverbs nic`: the engine answers with its report, in text.
     Status,
     /// `softverbs nic --capture FILE`: start (or, with an empty path, stop) a capture.
@@ -221,6 +228,7 @@ impl Ctl {
             Ctl::Close { qpn } => w.u8(6).u32(*qpn),
             Ctl::Status => w.u8(7),
             Ctl::Capture { path } => w.u8(8).bytes(path.as_bytes()),
+            Ctl::Group { qpn, group, join } => w.u8(9).u32(*qpn).ip(*group).u8(u8::from(*join)),
         };
         w.0
     }
@@ -263,6 +271,11 @@ impl Ctl {
             6 => Ctl::Close { qpn: r.u32()? },
             7 => Ctl::Status,
             8 => Ctl::Capture { path: r.string()? },
+            9 => Ctl::Group {
+                qpn: r.u32()?,
+                group: r.ip()?,
+                join: r.u8()? != 0,
+            },
             _ => return None,
         };
         r.done().then_some(m)
@@ -402,6 +415,11 @@ mod tests {
             Ctl::Status,
             Ctl::Capture {
                 path: "/tmp/x.pcap".into(),
+            },
+            Ctl::Group {
+                qpn: 4,
+                group: "239.1.2.3".parse().unwrap(),
+                join: true,
             },
         ];
         for m in msgs {

@@ -16,7 +16,7 @@ pub(crate) use remote::RemoteQp;
 
 use super::Transport;
 use crate::cq::Cqe;
-use crate::device::Device;
+use crate::device::{Device, multicast};
 use crate::mr::access::Span;
 use crate::mr::keys::{KeyTable, Pin};
 use crate::pd::Ah;
@@ -83,6 +83,19 @@ impl Transport for SameHost {
     #[inline]
     fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Target> {
         find_target(&*ah.target.upgrade()?, qpn)
+    }
+
+    fn ud_group(&self, dev: &Arc<Device>, ah: &Ah) -> Vec<Target> {
+        let a = &ah.attr;
+        let group = match a.grh {
+            Some(g) if multicast::is_multicast(&g.dgid) => multicast::Group::Gid(g.dgid),
+            _ if a.dlid >= multicast::MIN_MLID && a.dlid != 0xffff => multicast::Group::Lid(a.dlid),
+            _ => return Vec::new(),
+        };
+        multicast::members(dev.config.gid, group)
+            .into_iter()
+            .filter_map(|qpn| find_target(dev, qpn))
+            .collect()
     }
 
     #[inline]

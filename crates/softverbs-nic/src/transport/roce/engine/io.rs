@@ -74,7 +74,49 @@ impl Socket {
                 );
             }
         }
+        // Datagrams to a multicast group leave through the device's interface.
+        let _ = match addr {
+            IpAddr::V4(a) => rustix::net::sockopt::set_ip_multicast_if_with_ifindex(
+                &sock,
+                &std::net::Ipv4Addr::UNSPECIFIED,
+                &a,
+                ifindex,
+            ),
+            IpAddr::V6(_) => rustix::net::sockopt::set_ipv6_multicast_if(&sock, ifindex),
+        };
         Ok(Socket { addr, sock })
+    }
+
+    /// A socket that receives port 4791 of IP multicast group `group`, joined on interface
+    /// `ifindex` (the kernel leaves the group when it is closed). Several engines of a host
+    /// may join the same group, hence the shared address.
+    pub(crate) fn join(group: IpAddr, ifindex: u32) -> std::io::Result<Socket> {
+        use rustix::net::{AddressFamily, SocketFlags, SocketType, bind, socket_with, sockopt};
+        let family = match group {
+            IpAddr::V4(_) => AddressFamily::INET,
+            IpAddr::V6(_) => AddressFamily::INET6,
+        };
+        let fd = socket_with(
+            family,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )?;
+        sockopt::set_socket_reuseaddr(&fd, true)?;
+        bind(&fd, &roce_addr(group, 0))?;
+        match group {
+            IpAddr::V4(g) => sockopt::set_ip_add_membership_with_ifindex(
+                &fd,
+                &g,
+                &std::net::Ipv4Addr::UNSPECIFIED,
+                ifindex,
+            )?,
+            IpAddr::V6(g) => sockopt::set_ipv6_add_membership(&fd, &g, ifindex)?,
+        }
+        Ok(Socket {
+            addr: group,
+            sock: UdpSocket::from(fd),
+        })
     }
 
     /// Receives one datagram into `buf[HEADROOM..]` and puts back the headers before it;

@@ -130,6 +130,8 @@ struct Totals {
     gone: QpCounters,
     send_failures: u64,
     bad_wqes: u64,
+    /// IP multicast groups the engine could not join.
+    group_failures: u64,
     bad_messages: u64,
 }
 
@@ -138,6 +140,8 @@ struct Engine {
     ifindex: u32,
     ep: Endpoint<HostMemory>,
     socks: Vec<Socket>,
+    /// One socket per IP multicast group a QP here is attached to.
+    groups: Vec<Socket>,
     listener: OwnedFd,
     clients: Vec<Client>,
     qps: HashMap<u32, EngineQp>,
@@ -492,6 +496,7 @@ impl Engine {
             cfg,
             ep,
             socks,
+            groups: Vec::new(),
             listener,
             clients: Vec::new(),
             qps: HashMap::new(),
@@ -610,6 +615,7 @@ impl Engine {
         fds.extend(
             self.socks
                 .iter()
+                .chain(&self.groups)
                 .map(|s| PollFd::new(&s.sock, PollFlags::IN)),
         );
         fds.extend(
@@ -626,7 +632,7 @@ impl Engine {
         };
         let _ = poll(&mut fds, Some(&ts));
         let rang = !fds[1].revents().is_empty();
-        let first_client = 2 + self.socks.len();
+        let first_client = 2 + self.socks.len() + self.groups.len();
         let control = !fds[0].revents().is_empty()
             || fds[first_client..].iter().any(|f| !f.revents().is_empty());
         drop(fds);
@@ -824,6 +830,7 @@ impl Engine {
                 }
                 self.ep.with_qp(qpn, |q| q.set_error());
             }
+            Ctl::Group { qpn, group, join } if owns(self, qpn) => self.group(qpn, group, join),
             Ctl::Close { qpn } if owns(self, qpn) => {
                 self.close(qpn);
                 self.clients[client].qps.retain(|&q| q != qpn);
@@ -853,6 +860,8 @@ impl Engine {
     }
 
     fn close(&mut self, qpn: u32) {
+        let empty = self.ep.leave_all(qpn);
+        self.groups.retain(|s| !empty.contains(&s.addr));
         if let Some(q) = self.qps.remove(&qpn) {
             self.ep.mem.by_tag.remove(&q.tag);
             if q.live {
@@ -864,13 +873,44 @@ impl Engine {
         }
     }
 
+    /// Attaches QP `qpn` to IP multicast group `group` (or detaches it), joining the group on
+    /// the network with its first member here and leaving it with its last.
+    fn group(&mut self, qpn: u32, group: IpAddr, join: bool) {
+        if !group.is_multicast() {
+            return;
+        }
+        let ud = self
+            .ep
+            .qp(qpn)
+            .is_none_or(|q| q.config().qp_type == softverbs_roce::transport::QpType::Ud);
+        if join && ud {
+            if self.ep.join(qpn, group) && !self.groups.iter().any(|s| s.addr == group) {
+                match Socket::join(group, self.ifindex) {
+                    Ok(s) => self.groups.push(s),
+                    Err(_) => {
+                        self.totals.group_failures += 1;
+                        self.ep.leave(qpn, group);
+                    }
+                }
+            }
+        } else if !join && self.ep.leave(qpn, group) {
+            self.groups.retain(|s| s.addr != group);
+        }
+    }
+
     /// Reads what arrived; a request that needs a receive gets one from its QP's queue first.
     fn receive(&mut self) -> bool {
         let mut any = false;
-        for s in 0..self.socks.len() {
+        let (unicast, groups) = (self.socks.len(), self.groups.len());
+        for s in 0..unicast + groups {
             for _ in 0..BATCH {
                 let capturing = self.capture.is_some();
-                let Some((start, end)) = self.socks[s].recv(&mut self.rx, capturing) else {
+                let sock = match s.checked_sub(unicast) {
+                    None => &self.socks[s],
+                    Some(g) => &self.groups[g],
+                };
+                let group = (s >= unicast).then_some(sock.addr);
+                let Some((start, end)) = sock.recv(&mut self.rx, capturing) else {
                     break;
                 };
                 any = true;
@@ -884,11 +924,19 @@ impl Engine {
                     let qpn =
                         u32::from_be_bytes([0, self.rx[bth], self.rx[bth + 1], self.rx[bth + 2]]);
                     // The GSI's packets are the host's CM, never the transport core's.
-                    if qpn == gsi::GSI_QPN {
+                    if qpn == gsi::GSI_QPN && group.is_none() {
                         self.cm_incoming(start, end);
                         continue;
                     }
-                    self.lend_receive(qpn);
+                    match group {
+                        // A copy for each member: each needs a receive.
+                        Some(g) => {
+                            for m in self.ep.members(g).to_vec() {
+                                self.lend_receive(m);
+                            }
+                        }
+                        None => self.lend_receive(qpn),
+                    }
                 }
                 let now = self.now();
                 self.ep.handle_datagram(now, &self.rx[start..end]);
@@ -1213,7 +1261,7 @@ impl Engine {
         );
         // QP1's packets never reach the endpoint; the totals are the host's all the same.
         let g = &self.gsi.counts;
-        let rows: [(&str, u64); 29] = [
+        let rows: [(&str, u64); 31] = [
             ("sent_pkts", c.datagrams_sent + g.wire_sent),
             ("rcvd_pkts", c.datagrams_received + g.wire_received),
             ("sent_bytes", c.bytes_sent + g.wire_sent_bytes),
@@ -1236,6 +1284,8 @@ impl Engine {
             ("dropped_send_failed", self.totals.send_failures),
             ("bad_wqes", self.totals.bad_wqes),
             ("bad_control_msgs", self.totals.bad_messages),
+            ("mcast_groups", self.groups.len() as u64),
+            ("mcast_join_failures", self.totals.group_failures),
             ("qp_pkts_sent", qc.packets_sent),
             ("qp_pkts_rcvd", qc.packets_received),
             ("fault_dropped", f.dropped),
