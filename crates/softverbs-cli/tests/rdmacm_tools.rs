@@ -2,7 +2,8 @@
 //! `softverbs-rdmacm`), which `softverbs run` loads beside the drop-in `libibverbs.so.1`:
 //!
 //! - rdmacm-utils: `rping`, `ucmatose` (four connections), `udaddy` (UD, SIDR),
-//!   `rdma_server`/`rdma_client` (synchronous ids, `rdma_create_ep`), `cmtime`;
+//!   `rdma_server`/`rdma_client` (synchronous ids, `rdma_create_ep`), `cmtime`, `mckey`
+//!   (multicast joins: an IP multicast group between hosts);
 //! - perftest with `-R`: `ib_send_lat`, `ib_write_bw`, `ib_read_lat`; qperf's RC tests
 //!   with `-cm1`;
 //! - libfabric's verbs provider: `fi_info` lists MSG endpoints, `fi_pingpong` over `msg`
@@ -234,6 +235,30 @@ fn udaddy(s: On<'_>, c: On<'_>) {
     assert_ok(&out);
     for o in &out {
         assert!(text(o).contains("return status 0"), "{}", both(&out));
+    }
+}
+
+/// `mckey`: a receiver joins group `group` on `s`, a sender joins on `c` and sends 10
+/// datagrams to it (each waits 3 s after joining, as mckey does for a subnet manager); the
+/// receiver returns only once all 10 arrived.
+fn mckey(s: On<'_>, c: On<'_>, group: &str) {
+    let (sa, ca) = (s.addr(), c.addr());
+    let rcv = spawn(&mut s.run(&["mckey", "-m", group, "-b", &sa, "-C", "10"]));
+    // The receiver's join comes well inside the 3 s the sender waits after its own.
+    std::thread::sleep(Duration::from_millis(500));
+    let snd = spawn(&mut c.run(&["mckey", "-m", group, "-b", &ca, "-s", "-C", "10"]));
+    let mut out = finish(vec![("sender", snd), ("receiver", rcv)], RUN_LIMIT).into_iter();
+    let out = [out.next().expect("sender"), out.next().expect("receiver")];
+    assert_ok(&out);
+    for o in &out {
+        let t = text(o);
+        assert!(
+            t.contains(&format!("joined dgid: ::ffff:{group}"))
+                && t.contains("data transfers complete")
+                && t.contains("return status 0"),
+            "{}",
+            both(&out)
+        );
     }
 }
 
@@ -606,6 +631,7 @@ const UTILS: &[&str] = &[
     "rdma_server",
     "rdma_client",
     "cmtime",
+    "mckey",
 ];
 
 #[test]
@@ -619,6 +645,7 @@ fn rdmacm_utils_on_one_host() {
     udaddy(On::Here, On::Here);
     rdma_server_client(On::Here, On::Here);
     cmtime(On::Here, On::Here);
+    mckey(On::Here, On::Here, "239.1.1.1");
 }
 
 #[test]
@@ -635,6 +662,7 @@ fn rdmacm_utils_between_hosts() {
     udaddy(a, b);
     rdma_server_client(a, b);
     cmtime(a, b);
+    mckey(a, b, "239.1.1.2");
 }
 
 #[test]

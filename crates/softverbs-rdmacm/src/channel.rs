@@ -60,6 +60,19 @@ impl Event {
         self
     }
 
+    /// A multicast event's UD parameters: `private_data` is the context the program gave
+    /// `rdma_join_multicast` (librdmacm's convention), not bytes of ours.
+    pub fn with_group(
+        mut self: Box<Event>,
+        mut ud: rdma_ud_param,
+        context: *mut core::ffi::c_void,
+    ) -> Box<Event> {
+        ud.private_data = context.cast_const();
+        ud.private_data_len = 0;
+        self.ev.param.ud = ud;
+        self
+    }
+
     /// UD parameters, with `data` as the private data.
     pub fn with_ud(mut self: Box<Event>, mut ud: rdma_ud_param, data: &[u8]) -> Box<Event> {
         let n = data.len().min(255);

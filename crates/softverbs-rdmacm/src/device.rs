@@ -17,6 +17,8 @@ pub struct Dev {
     pub gids: Vec<[u8; 16]>,
     /// Port 1's active MTU (`enum ibv_mtu`).
     pub mtu: i32,
+    /// Port 1 is InfiniBand (multicast groups need a multicast LID there).
+    pub ib: bool,
     /// A PD for `rdma_create_qp` calls that pass none, made when first needed.
     pub pd: std::sync::Mutex<usize>,
 }
@@ -77,6 +79,7 @@ fn open_all() -> Vec<Dev> {
             guid,
             gids,
             mtu: if ok { pa.active_mtu } else { 3 },
+            ib: ok && pa.link_layer == 1,
             pd: std::sync::Mutex::new(0),
         });
     }

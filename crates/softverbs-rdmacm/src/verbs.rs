@@ -31,6 +31,8 @@ pub struct Verbs {
     pub create_qp: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
+    pub attach_mcast: unsafe extern "C" fn(*mut ibv_qp, *const ibv_gid, u16) -> c_int,
+    pub detach_mcast: unsafe extern "C" fn(*mut ibv_qp, *const ibv_gid, u16) -> c_int,
     pub create_srq: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq,
     pub destroy_srq: unsafe extern "C" fn(*mut ibv_srq) -> c_int,
     /// softverbs' own `softverbs_inplace_exclusive` (`None` under another libibverbs).
@@ -119,6 +121,8 @@ fn load() -> Option<Verbs> {
         create_qp: sym!("ibv_create_qp"),
         destroy_qp: sym!("ibv_destroy_qp"),
         modify_qp: sym!("ibv_modify_qp"),
+        attach_mcast: sym!("ibv_attach_mcast"),
+        detach_mcast: sym!("ibv_detach_mcast"),
         create_srq: sym!("ibv_create_srq"),
         destroy_srq: sym!("ibv_destroy_srq"),
         reg_mr: sym!("ibv_reg_mr"),

@@ -565,6 +565,13 @@ impl Timer for Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        // The datagrams a UD QP posted leave before it goes, as from a NIC, which sends them
+        // in microseconds: a sender that destroys its QP and deregisters its buffers right
+        // after posting (rdmacm-utils' mckey does) must not lose them to the host engine
+        // reading them later. Bounded, for an engine that is gone.
+        if let (Some(o), QpType::Ud) = (&self.offload, self.qp_type) {
+            o.settle(&self.ctx().sq_done, Duration::from_millis(100));
+        }
         // Peers that mapped the context stop at once; the listing goes with `self`.
         self.ctx().state.store(DESTROYED, Ordering::Release);
         self.dev.unregister_qp(self.qpn);

@@ -278,33 +278,100 @@ pub unsafe extern "C" fn sv_rdma_init_qp_attr(
     }))
 }
 
-/// `rdma_join_multicast`: softverbs devices have no multicast yet (EOPNOTSUPP).
-#[unsafe(no_mangle)]
-pub extern "C" fn sv_rdma_join_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut libc::sockaddr,
-    _ctx: *mut c_void,
+/// Joins `id` to the group of `addr`, synchronously on an id without a channel.
+///
+/// # Safety
+/// `addr` is NULL or a readable sockaddr.
+unsafe fn join(
+    id: *mut rdma_cm_id,
+    addr: *const libc::sockaddr,
+    ctx: *mut c_void,
+    send_only: bool,
 ) -> c_int {
-    rc(Err(libc::EOPNOTSUPP))
+    // SAFETY: the caller's.
+    let Some(a) = (unsafe { crate::addr::from_c(addr) }) else {
+        return rc(Err(libc::EINVAL));
+    };
+    match with_id(id, |cm, i| cm.join(i, a.ip(), ctx, send_only).map(|()| i)) {
+        Ok(i) => rc(cm::wait_sync(i, RDMA_CM_EVENT_MULTICAST_JOIN)),
+        Err(e) => rc(Err(e)),
+    }
 }
 
-/// `rdma_join_multicast_ex`: EOPNOTSUPP, as [`rdma_join_multicast`].
+/// `rdma_join_multicast`: see `cm::multicast`; MULTICAST_JOIN follows.
+///
+/// # Safety
+/// `id` is a live id and `addr` a readable sockaddr.
 #[unsafe(no_mangle)]
-pub extern "C" fn sv_rdma_join_multicast_ex(
-    _id: *mut rdma_cm_id,
-    _attr: *mut c_void,
-    _ctx: *mut c_void,
+pub unsafe extern "C" fn sv_rdma_join_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+    ctx: *mut c_void,
 ) -> c_int {
-    rc(Err(libc::EOPNOTSUPP))
+    // SAFETY: the caller's contract.
+    unsafe { join(id, addr, ctx, false) }
 }
 
-/// `rdma_leave_multicast`: nothing was joined (EADDRNOTAVAIL, as for a group not joined).
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut libc::sockaddr,
+}
+
+/// `RDMA_CM_JOIN_MC_ATTR_ADDRESS`, `_JOIN_FLAGS`; `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER`.
+const MC_ATTR_ADDRESS: u32 = 1;
+const MC_ATTR_JOIN_FLAGS: u32 = 2;
+const MC_FULLMEMBER: u32 = 0;
+const MC_SENDONLY_FULLMEMBER: u32 = 1;
+
+/// `rdma_join_multicast_ex`: the address and a full-member or send-only full-member join (a
+/// send-only member's QP is not attached: it sends to the group and receives nothing).
+///
+/// # Safety
+/// `id` is a live id and `attr` readable.
 #[unsafe(no_mangle)]
-pub extern "C" fn sv_rdma_leave_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut libc::sockaddr,
+pub unsafe extern "C" fn sv_rdma_join_multicast_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut rdma_cm_join_mc_attr_ex,
+    ctx: *mut c_void,
 ) -> c_int {
-    rc(Err(libc::EADDRNOTAVAIL))
+    if attr.is_null() {
+        return rc(Err(libc::EINVAL));
+    }
+    // SAFETY: the caller's contract.
+    let a = unsafe { &*attr };
+    let known = MC_ATTR_ADDRESS | MC_ATTR_JOIN_FLAGS;
+    if a.comp_mask & MC_ATTR_ADDRESS == 0 || a.comp_mask & !known != 0 {
+        return rc(Err(libc::EINVAL));
+    }
+    let flags = if a.comp_mask & MC_ATTR_JOIN_FLAGS != 0 {
+        a.join_flags
+    } else {
+        MC_FULLMEMBER
+    };
+    if flags > MC_SENDONLY_FULLMEMBER {
+        return rc(Err(libc::EINVAL));
+    }
+    // SAFETY: as above.
+    unsafe { join(id, a.addr, ctx, flags == MC_SENDONLY_FULLMEMBER) }
+}
+
+/// `rdma_leave_multicast`: EADDRNOTAVAIL for a group the id has not joined.
+///
+/// # Safety
+/// `id` is a live id and `addr` a readable sockaddr.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_rdma_leave_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(a) = (unsafe { crate::addr::from_c(addr) }) else {
+        return rc(Err(libc::EINVAL));
+    };
+    rc(with_id(id, |cm, i| cm.leave(i, a.ip())))
 }
 
 /// `rdma_set_local_ece`: EOPNOTSUPP (no enhanced connection establishment).

@@ -188,6 +188,8 @@ pub struct Conn {
     pub private_channel: Option<Box<Channel>>,
     /// The host engine holds this connection's DREQ, to send if the process dies.
     leased: bool,
+    /// The multicast groups joined on this id.
+    pub groups: Vec<multicast::Joined>,
 }
 
 // SAFETY: the raw pointers are the program's objects and ours, used under the CM lock.
@@ -217,6 +219,7 @@ const EARLY_HOLD: Duration = Duration::from_millis(200);
 
 mod agent;
 mod connection;
+mod multicast;
 mod qp;
 mod receive;
 mod send;
@@ -335,6 +338,7 @@ impl Cm {
                 own_cqs: false,
                 private_channel: private,
                 leased: false,
+                groups: Vec::new(),
             },
         );
         Some(id)
@@ -664,6 +668,7 @@ impl Cm {
             _ => {}
         }
         self.unlease(i);
+        self.leave_all(i);
         if let Some(c) = self.conns.remove(&i) {
             // SAFETY: the channel outlives its ids.
             unsafe { (*c.channel).forget(c.id.cast()) };

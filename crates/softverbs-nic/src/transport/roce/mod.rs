@@ -201,6 +201,18 @@ impl Offload for NetQp {
         Ok(())
     }
 
+    fn settle(&self, done: &std::sync::atomic::AtomicU32, within: std::time::Duration) {
+        let deadline = std::time::Instant::now() + within;
+        while !self
+            .unfinished(done.load(std::sync::atomic::Ordering::Acquire))
+            .is_empty()
+            && std::time::Instant::now() < deadline
+        {
+            self.link.ring();
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+
     fn group(&self, mgid: crate::types::Gid, join: bool) -> Result<()> {
         self.link.send(&Ctl::Group {
             qpn: self.qpn,

@@ -1000,10 +1000,10 @@ impl Engine {
                     continue;
                 }
                 let posted = match (q.live, send_wr(&w, &self.items)) {
-                    (true, Some(wr)) => self
-                        .ep
-                        .with_qp(qpn, |c| c.post_send(now, wr))
-                        .is_some_and(|r| r.is_ok()),
+                    (true, Some(wr)) => {
+                        let r = self.ep.with_qp(qpn, |c| c.post_send(now, wr));
+                        r.is_some_and(|r| r.is_ok())
+                    }
                     _ => false,
                 };
                 if !posted {
