@@ -238,6 +238,15 @@ impl Context {
         })
     }
 
+    /// `ibv_alloc_dm`: `len` bytes of device memory (at most
+    /// [`nic::pd::MAX_DM_SIZE`](crate::nic::pd::MAX_DM_SIZE) held by a process at once; past
+    /// that `NoResources`). Page-aligned.
+    pub fn alloc_dm(&self, len: usize) -> Result<crate::DeviceMemory> {
+        Ok(crate::DeviceMemory {
+            inner: self.inner.alloc_dm(len, 0)?,
+        })
+    }
+
     /// `ibv_create_comp_channel`.
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
         CompletionChannel::new()

@@ -45,7 +45,7 @@ pub use cq::{
     TypedCompletionQueue, TypedCursor, WorkCompletion, cq_init_attr_mask, fields,
 };
 pub use device::{Context, Device, DeviceBuilder, DeviceClock, devices};
-pub use mr::{MemoryRegion, MemoryWindow, ProtectionDomain};
+pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, ProtectionDomain};
 pub use qp::{
     AddressHandle, Endpoint, QpInitAttr, QueuePair, RecvWr, SendWr, SharedReceiveQueue, SrqAttr,
     UdTarget, WrData, address_vector,

@@ -12,7 +12,7 @@ use crate::{
 };
 use softverbs_nic::device_memory::segment::Segment;
 use softverbs_nic::mr::store::LayoutSource;
-use softverbs_nic::pd::{Mr, Mw, MwType, Pd, Prefetch, inc_rkey};
+use softverbs_nic::pd::{DeviceMemory as NicDm, DmHold, Mr, Mw, MwType, Pd, Prefetch, inc_rkey};
 use softverbs_nic::qp::QpInit;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -136,7 +136,41 @@ impl ProtectionDomain {
         };
         Ok(MemoryRegion {
             mr,
-            _backing: Some(seg),
+            _backing: Keep::Own(seg),
+            _buf: PhantomData,
+        })
+    }
+
+    /// `ibv_reg_dm_mr`: a zero-based region over `range` of device memory `dm` (its IOVA 0
+    /// is the range's first byte; `ZERO_BASED` is implied). RDMA reaches it like any region,
+    /// from other processes and hosts too; the program reaches its bytes through `dm`. The
+    /// region keeps them until it goes, even if `dm` is freed first.
+    ///
+    /// ```
+    /// use softverbs::*;
+    /// let ctx = softverbs::devices()?[0].open()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let dm = ctx.alloc_dm(4096)?;
+    /// let mr = pd.reg_dm_mr(&dm, 1024..2048, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    /// assert_eq!((mr.iova(), mr.len()), (0, 1024));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reg_dm_mr(
+        &self,
+        dm: &DeviceMemory,
+        range: Range<usize>,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion<'static>> {
+        let len = range.end.saturating_sub(range.start);
+        let (mr, hold) = self.inner.reg_dm_mr(
+            &dm.inner,
+            range.start as u64,
+            len,
+            (access | AccessFlags::ZERO_BASED).bits(),
+        )?;
+        Ok(MemoryRegion {
+            mr,
+            _backing: Keep::Dm(hold),
             _buf: PhantomData,
         })
     }
@@ -273,6 +307,49 @@ impl ProtectionDomain {
     }
 }
 
+/// Device memory (`struct ibv_dm`, [`Context::alloc_dm`](crate::Context::alloc_dm)): bytes
+/// the program reaches through copies and RDMA through zero-based regions
+/// ([`ProtectionDomain::reg_dm_mr`]). Dropping it frees it.
+pub struct DeviceMemory {
+    pub(crate) inner: NicDm,
+}
+
+impl DeviceMemory {
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Never true: device memory has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+
+    /// `ibv_memcpy_to_dm`: `InvalidArgument` past its end.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.inner.copy_to(offset as u64, data)
+    }
+
+    /// `ibv_memcpy_from_dm`.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.inner.copy_from(offset as u64, out)
+    }
+
+    /// `ibv_free_dm` with its result: [`Error::Busy`] (EBUSY) while a region lies in it, and
+    /// the memory is handed back. (Dropping it frees it regardless; its regions keep the
+    /// bytes until they go.)
+    #[allow(clippy::result_large_err)]
+    pub fn free(self) -> std::result::Result<(), (DeviceMemory, Error)> {
+        if self.inner.in_use() {
+            return Err((
+                self,
+                Error::Busy("a region lies in this device memory".into()),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A memory window (`struct ibv_mw`). Dropping it unbinds and frees it.
 pub struct MemoryWindow {
     inner: Mw,
@@ -324,10 +401,18 @@ impl std::fmt::Debug for MemoryWindow {
     }
 }
 
+/// What a region keeps alive beside its key: the segment it owns (`alloc_mr`), or the
+/// device memory it lies in.
+enum Keep {
+    Nothing,
+    Own(#[allow(dead_code)] Segment),
+    Dm(#[allow(dead_code)] DmHold),
+}
+
 /// A registered memory region. Dropping it deregisters it (after any in-flight access).
 pub struct MemoryRegion<'a> {
     mr: Mr,
-    _backing: Option<Segment>,
+    _backing: Keep,
     _buf: PhantomData<&'a mut [u8]>,
 }
 
@@ -336,7 +421,7 @@ impl<'a> MemoryRegion<'a> {
     fn unbacked(mr: Mr) -> MemoryRegion<'a> {
         MemoryRegion {
             mr,
-            _backing: None,
+            _backing: Keep::Nothing,
             _buf: PhantomData,
         }
     }

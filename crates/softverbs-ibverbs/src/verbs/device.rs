@@ -455,7 +455,7 @@ unsafe extern "C" fn query_device_ex(
         hca_core_clock: a.hca_core_clock,
         device_cap_flags_ex: u64::from(a.device_cap_flags) | a.device_cap_flags_ex,
         _rest: [0; 11],
-        max_dm_size: super::dm::MAX_DM_SIZE as u64,
+        max_dm_size: a.max_dm_size,
         _tail: [0; 2],
     };
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());

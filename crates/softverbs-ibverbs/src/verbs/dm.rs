@@ -1,29 +1,13 @@
-//! Device memory (`ibv_alloc_dm`, `ibv_memcpy_to_dm`/`_from_dm`, `ibv_reg_dm_mr`): memory
-//! "on the device" that the program reaches only through copies and zero-based regions. A
-//! software NIC's device memory is a shared-memory segment, so peers in other processes (and
-//! the host engine) map it as they map any shared region.
+//! Device memory (`ibv_alloc_dm`, `ibv_memcpy_to_dm`/`_from_dm`, `ibv_reg_dm_mr`) over the
+//! NIC's ([`softverbs_nic::pd::DeviceMemory`]): the C objects and their checks.
 
 use super::*;
-use softverbs_nic::device_memory::segment::Segment;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// `max_dm_size`: the device memory a process may hold at once (ConnectX-5's on-chip memory
-/// is of this order; a software device could offer more, but programs size to it).
-pub(super) const MAX_DM_SIZE: usize = 256 * 1024;
-
-/// Device memory allocated and not yet freed in this process.
-static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+use softverbs_nic::pd::DeviceMemory;
 
 #[repr(C)]
 struct SvDm {
     dm: ibv_dm,
-    seg: Arc<Segment>,
-}
-
-impl Drop for SvDm {
-    fn drop(&mut self) {
-        ALLOCATED.fetch_sub(self.seg.len(), Ordering::AcqRel);
-    }
+    nic: DeviceMemory,
 }
 
 /// `verbs_context::alloc_dm`: `length` bytes (1..=`max_dm_size` in all), aligned to
@@ -37,28 +21,16 @@ pub(super) unsafe extern "C" fn alloc_dm(
     }
     // SAFETY: the caller's attributes.
     let a = unsafe { &*attr };
-    let page = softverbs_nic::device_memory::segment::page_size();
-    if a.comp_mask != 0 || a.length == 0 || a.log_align_req >= usize::BITS {
+    if a.comp_mask != 0 {
         return inval();
     }
-    if 1usize << a.log_align_req > page {
-        return inval(); // segments are page-aligned; nothing coarser is offered
-    }
-    let len = a.length;
-    let taken = ALLOCATED.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-        n.checked_add(len).filter(|&t| t <= MAX_DM_SIZE)
-    });
-    if taken.is_err() {
-        return null(Error::NoResources(format!(
-            "{len} bytes of device memory: {MAX_DM_SIZE} in all"
-        )));
-    }
-    let seg = match Segment::create("softverbs-dm", len) {
-        Ok(s) => Arc::new(s),
-        Err(e) => {
-            ALLOCATED.fetch_sub(len, Ordering::AcqRel);
-            return null(e);
-        }
+    // SAFETY: a context of ours.
+    let nic = match unsafe { ctx_of(ctx) }
+        .nic
+        .alloc_dm(a.length, a.log_align_req)
+    {
+        Ok(d) => d,
+        Err(e) => return null(e),
     };
     let b = Box::new(SvDm {
         dm: ibv_dm {
@@ -66,25 +38,20 @@ pub(super) unsafe extern "C" fn alloc_dm(
             memcpy_to_dm: Some(memcpy_to_dm),
             memcpy_from_dm: Some(memcpy_from_dm),
             comp_mask: 0,
-            handle: seg.inode() as u32,
+            handle: nic.handle(),
         },
-        seg,
+        nic,
     });
     Box::into_raw(b) as *mut ibv_dm
 }
 
-/// `dm_offset..dm_offset + length` inside `dm`'s bytes, as a pointer, or None.
+/// The NIC's device memory of `dm`.
 ///
 /// # Safety
 /// `dm` is a live device memory of ours.
-unsafe fn at(dm: *mut ibv_dm, dm_offset: u64, length: usize) -> Option<*mut u8> {
+unsafe fn nic_dm<'a>(dm: *mut ibv_dm) -> &'a DeviceMemory {
     // SAFETY: as documented.
-    let sv = unsafe { &*(dm as *const SvDm) };
-    let off = usize::try_from(dm_offset).ok()?;
-    (off.checked_add(length)? <= sv.seg.len()).then(|| {
-        // SAFETY: in bounds of the segment, checked just above.
-        unsafe { sv.seg.as_ptr().add(off) }
-    })
+    &unsafe { &*(dm as *const SvDm) }.nic
 }
 
 unsafe extern "C" fn memcpy_to_dm(
@@ -96,13 +63,13 @@ unsafe extern "C" fn memcpy_to_dm(
     if dm.is_null() || (host.is_null() && length > 0) {
         return EINVAL;
     }
-    // SAFETY: a device memory of ours.
-    let Some(dst) = (unsafe { at(dm, dm_offset, length) }) else {
-        return EINVAL;
+    let data = match length {
+        0 => &[][..],
+        // SAFETY: the caller's `length` readable bytes.
+        n => unsafe { std::slice::from_raw_parts(host as *const u8, n) },
     };
-    // SAFETY: the caller's `length` readable bytes; the destination is inside the segment.
-    unsafe { std::ptr::copy(host as *const u8, dst, length) };
-    0
+    // SAFETY: a device memory of ours.
+    rc(unsafe { nic_dm(dm) }.copy_to(dm_offset, data))
 }
 
 unsafe extern "C" fn memcpy_from_dm(
@@ -114,13 +81,13 @@ unsafe extern "C" fn memcpy_from_dm(
     if dm.is_null() || (host.is_null() && length > 0) {
         return EINVAL;
     }
-    // SAFETY: a device memory of ours.
-    let Some(src) = (unsafe { at(dm, dm_offset, length) }) else {
-        return EINVAL;
+    let out = match length {
+        0 => &mut [][..],
+        // SAFETY: the caller's `length` writable bytes.
+        n => unsafe { std::slice::from_raw_parts_mut(host as *mut u8, n) },
     };
-    // SAFETY: inside the segment; the caller's `length` writable bytes.
-    unsafe { std::ptr::copy(src, host as *mut u8, length) };
-    0
+    // SAFETY: a device memory of ours.
+    rc(unsafe { nic_dm(dm) }.copy_from(dm_offset, out))
 }
 
 /// `verbs_context::free_dm`: EBUSY while a region lies in it.
@@ -129,7 +96,7 @@ pub(super) unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
         return EINVAL;
     }
     // SAFETY: a device memory of ours.
-    if Arc::strong_count(&unsafe { &*(dm as *const SvDm) }.seg) > 1 {
+    if unsafe { nic_dm(dm) }.in_use() {
         return libc::EBUSY;
     }
     // SAFETY: `dm` came from `alloc_dm` (Box::into_raw of an SvDm).
@@ -137,9 +104,8 @@ pub(super) unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
     0
 }
 
-/// `verbs_context::reg_dm_mr`: a zero-based region (`IBV_ACCESS_ZERO_BASED` is required, as
-/// the man page says) over `length` bytes of `dm` from `dm_offset`. Peers map the device
-/// memory's segment, so it takes remote atomics too.
+/// `verbs_context::reg_dm_mr`: a zero-based region over `length` bytes of `dm` from
+/// `dm_offset` (see `Pd::reg_dm_mr`).
 pub(super) unsafe extern "C" fn reg_dm_mr(
     pd: *mut ibv_pd,
     dm: *mut ibv_dm,
@@ -151,23 +117,12 @@ pub(super) unsafe extern "C" fn reg_dm_mr(
     let Some(nic_pd) = (unsafe { nic_pd(pd) }) else {
         return inval();
     };
-    if dm.is_null() || access & AccessFlags::ZERO_BASED.bits() == 0 || length == 0 {
+    if dm.is_null() {
         return inval();
     }
     // SAFETY: a device memory of ours.
-    let Some(host) = (unsafe { at(dm, dm_offset, length) }) else {
-        return inval();
-    };
-    // SAFETY: as above.
-    let seg = unsafe { &*(dm as *const SvDm) }.seg.clone();
-    let backing = softverbs_nic::mr::keys::Backing {
-        fd: std::os::fd::AsRawFd::as_raw_fd(&seg.fd()),
-        ino: seg.inode(),
-        offset: dm_offset,
-    };
-    // SAFETY: the bytes are the segment's, which the region keeps mapped (`SvMr::dm`).
-    match unsafe { nic_pd.reg_mr(host as usize, length, 0, access, Some(backing)) } {
-        Ok(nic) => {
+    match nic_pd.reg_dm_mr(unsafe { nic_dm(dm) }, dm_offset, length, access) {
+        Ok((nic, hold)) => {
             // SAFETY: a PD of ours. The MR's address is the offset in the device memory, as
             // rdma-core's `ibv_cmd_reg_dm_mr` sets it.
             let mr = new_mr(
@@ -179,7 +134,7 @@ pub(super) unsafe extern "C" fn reg_dm_mr(
                 None,
             );
             // SAFETY: the SvMr `new_mr` just made.
-            unsafe { (*(mr as *mut SvMr)).dm = Some(seg) };
+            unsafe { (*(mr as *mut SvMr)).dm = Some(hold) };
             mr
         }
         Err(e) => null(e),

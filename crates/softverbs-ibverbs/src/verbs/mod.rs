@@ -147,7 +147,7 @@ struct SvMr {
     nic: Option<Mr>,
     backing: Option<softverbs_nic::mr::keys::Backing>,
     /// The device memory a region of `ibv_reg_dm_mr` lies in (kept mapped while it lives).
-    dm: Option<Arc<softverbs_nic::device_memory::segment::Segment>>,
+    dm: Option<softverbs_nic::pd::DmHold>,
 }
 
 impl Drop for SvMr {

@@ -55,6 +55,8 @@ pub struct DeviceAttr {
     pub mr_layout_caps: crate::mr::layout::LayoutCaps,
     /// `odp_caps` of `ibv_query_device_ex`.
     pub odp_caps: OdpCaps,
+    /// `max_dm_size` of `ibv_query_device_ex`: device memory a process may hold.
+    pub max_dm_size: u64,
     /// The extended capability bits of `ibv_query_device_ex` above the 32 of
     /// `device_cap_flags` ([`cap_flags_ex`]).
     pub device_cap_flags_ex: u64,
@@ -196,6 +198,7 @@ impl Device {
             hca_core_clock: Clock::KHZ,
             mr_layout_caps: self.layout_caps(),
             odp_caps: OdpCaps::SUPPORTED,
+            max_dm_size: crate::pd::MAX_DM_SIZE as u64,
             device_cap_flags_ex: cap_flags_ex::ATOMIC_WRITE,
         }
     }

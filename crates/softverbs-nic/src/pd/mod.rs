@@ -1,12 +1,14 @@
 //! Protection domains and the objects in them that need no queue: memory regions (with their
-//! non-contiguous layouts), memory windows and address handles. SRQs and QPs, also created in a PD, are made
+//! non-contiguous layouts), memory windows, device memory and address handles. SRQs and QPs, also created in a PD, are made
 //! by the QP layer (`Pd::create_srq`, `Pd::create_qp`).
 
 mod ah;
+mod device_memory;
 mod region;
 mod window;
 
 pub use ah::Ah;
+pub use device_memory::{DeviceMemory, DmHold, MAX_DM_SIZE};
 pub use region::{Mr, Prefetch};
 pub use window::{Mw, MwType, inc_rkey};
 

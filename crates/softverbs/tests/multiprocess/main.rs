@@ -15,6 +15,7 @@ mod between_hosts;
 mod channel;
 mod cleanup;
 mod cq;
+mod dm;
 mod events;
 mod failure;
 mod multicast;

@@ -6,6 +6,7 @@ mod access;
 mod atomics;
 mod channel;
 mod device;
+mod dm;
 mod errors;
 mod multicast;
 mod mw;
