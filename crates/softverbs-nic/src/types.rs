@@ -34,6 +34,7 @@ impl AccessFlags {
         .union(AccessFlags::REMOTE_READ)
         .union(AccessFlags::REMOTE_ATOMIC)
         .union(AccessFlags::MW_BIND)
+        .union(AccessFlags::FLUSH_GLOBAL)
         .union(AccessFlags::ZERO_BASED)
         .union(AccessFlags::HUGETLB)
         .union(AccessFlags::ON_DEMAND);
@@ -174,6 +175,9 @@ verbs_enum!(
         /// ([`SendOp::BindLayout`](crate::qp::wr::SendOp::BindLayout), the seed's
         /// `IBV_WR_BIND_MR`).
         Driver1 = 11,
+        /// `IBV_WR_FLUSH` (rdma-core 45; Debian's 44 has no `ibv_wr_flush`, so C reaches it
+        /// through `ibv_post_send` only with this number).
+        Flush = 14,
         AtomicWrite = 15,
     }
 );
@@ -189,6 +193,7 @@ verbs_enum!(
         BindMw = 5,
         LocalInv = 6,
         Tso = 7,
+        Flush = 8,
         AtomicWrite = 9,
         Recv = 128,
         RecvRdmaWithImm = 129,

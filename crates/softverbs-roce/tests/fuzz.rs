@@ -117,6 +117,16 @@ impl Memory for Guard {
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
         self.inner.invalidate(pd, rkey)
     }
+    fn flush(
+        &mut self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        whole_region: bool,
+    ) -> Result<(), MemError> {
+        self.inner.flush(pd, rkey, va, len, whole_region)
+    }
 }
 
 fn memory() -> Guard {

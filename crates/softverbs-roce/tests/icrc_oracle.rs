@@ -104,6 +104,9 @@ fn packets() -> Vec<Vec<u8>> {
         if op.has_ieth() {
             h.ieth = Some(0xbeef);
         }
+        if op.has_feth() {
+            h.feth = Some(0x11);
+        }
         let payload: Vec<u8> = if op.has_payload() {
             (0..(i * 37 % 300) as u32)
                 .map(|x| (x * 7 + 3) as u8)

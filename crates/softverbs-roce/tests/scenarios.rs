@@ -827,3 +827,107 @@ fn atomic_write_errors_have_their_statuses() {
     let mut u = pair(QpType::Uc, |_| {});
     assert!(u.try_send(u.a, aw(BUF)).is_err());
 }
+
+#[test]
+fn a_flush_follows_the_writes_before_it_and_checks_its_key() {
+    let mut p = pair(QpType::Rc, |_| {});
+    p.fill(p.a, 0, 0, &pattern(64, 8));
+    let flush = |wr_id, rkey, va, len, whole_region| {
+        SendWr::new(
+            wr_id,
+            SendOp::Flush {
+                va,
+                rkey,
+                len,
+                whole_region,
+            },
+        )
+    };
+    let mut w = send_wr(1, 0, 64);
+    w.op = SendOp::Write {
+        va: BUF + 128,
+        rkey: 1,
+        imm: None,
+    };
+    p.send(p.a, w);
+    p.send(p.a, flush(2, 1, BUF + 128, 64, false));
+    p.send(p.a, flush(3, 1, 0, 0, true));
+    p.run();
+    let done: Vec<_> = p
+        .completions(p.a, false)
+        .iter()
+        .map(|c| (c.wr_id, c.status, c.opcode))
+        .collect();
+    assert_eq!(
+        done,
+        [
+            (1, WcStatus::Success, WcOpcode::RdmaWrite),
+            (2, WcStatus::Success, WcOpcode::Flush),
+            (3, WcStatus::Success, WcOpcode::Flush),
+        ]
+    );
+    assert_eq!(p.bytes(p.b, 0, 128, 64), pattern(64, 8));
+    // A range past the region, or a key that is not the region's: remote access error.
+    for bad in [
+        flush(4, 1, BUF + LEN as u64 - 8, 64, false),
+        flush(5, 77, BUF, 8, false),
+    ] {
+        let mut q = pair(QpType::Rc, |_| {});
+        q.send(q.a, bad);
+        q.run();
+        assert_eq!(q.completions(q.a, false)[0].status, WcStatus::RemAccessErr);
+    }
+    // With data, or on UC: refused at post.
+    let mut with_data = flush(6, 1, BUF, 8, false);
+    with_data.sges = send_wr(0, 0, 8).sges;
+    assert!(p.try_send(p.a, with_data).is_err());
+    let mut u = pair(QpType::Uc, |_| {});
+    assert!(u.try_send(u.a, flush(7, 1, BUF, 8, false)).is_err());
+}
+
+#[test]
+fn what_the_responder_executed_before_an_error_is_still_answered() {
+    // A READ and a FLUSH, then a WRITE with a bad key: the first two complete, the WRITE
+    // fails with the responder's NAK, in order. (The simulator answers each request before
+    // the next arrives; `multiprocess/flush.rs` between hosts, where the engine reads a burst
+    // at once, is the case of replies still queued when the error comes.)
+    let mut p = pair(QpType::Rc, |_| {});
+    p.fill(p.b, 0, 0, &pattern(64, 3));
+    let mut read = send_wr(1, 0, 64);
+    read.op = SendOp::Read { va: BUF, rkey: 1 };
+    p.send(p.a, read);
+    p.send(
+        p.a,
+        SendWr::new(
+            2,
+            SendOp::Flush {
+                va: BUF,
+                rkey: 1,
+                len: 64,
+                whole_region: false,
+            },
+        ),
+    );
+    let mut bad = send_wr(3, 0, 8);
+    bad.op = SendOp::Write {
+        va: BUF,
+        rkey: 77,
+        imm: None,
+    };
+    p.send(p.a, bad);
+    p.run();
+    let done: Vec<_> = p
+        .completions(p.a, false)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        done,
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::RemAccessErr)
+        ]
+    );
+    assert_eq!(p.bytes(p.a, 0, 0, 64), pattern(64, 3));
+}

@@ -29,8 +29,8 @@ impl ProtectionDomain {
     /// `ibv_reg_mr` over `buf`, which stays borrowed until the region is dropped.
     ///
     /// Access rules: unknown bits and `REMOTE_WRITE`/`REMOTE_ATOMIC` without `LOCAL_WRITE` are
-    /// `Error::InvalidArgument` (EINVAL); known bits the device lacks (`FLUSH_*`) are
-    /// `Error::Unsupported`; optional bits 20..=29 the device lacks are
+    /// `Error::InvalidArgument` (EINVAL); known bits the device lacks (`FLUSH_PERSISTENT`: no
+    /// persistent memory) are `Error::Unsupported`; optional bits 20..=29 the device lacks are
     /// dropped — [`MemoryRegion::access`] tells which bits took effect. `ON_DEMAND` regions
     /// are reached through cross-memory attach, so pages that are not mapped when the NIC
     /// needs them give error completions rather than faults (see

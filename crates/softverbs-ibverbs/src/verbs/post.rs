@@ -81,6 +81,13 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'s
                     value: ((*w.sg_list).addr as usize as *const u64).read_unaligned(),
                 }
             }
+            // rdma-core 44's ABI reaches FLUSH only through an `ibv_wr_flush` it does not
+            // have; `ibv_post_send` has no FLUSH fields (rdma-core 45 has none either).
+            WrOpcode::Flush => {
+                return Err(bad(
+                    "RDMA FLUSH is not in rdma-core 44's ABI (ibv_wr_flush); use the Rust API",
+                ));
+            }
             WrOpcode::SendWithInv => SendOp::SendWithInv { rkey: w.imm_data },
             WrOpcode::LocalInv => SendOp::LocalInv { rkey: w.imm_data },
             // `bind_mw`: the window, the new rkey, then `struct ibv_mw_bind_info`.

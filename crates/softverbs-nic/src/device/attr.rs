@@ -64,6 +64,8 @@ pub struct DeviceAttr {
 
 /// `device_cap_flags_ex` bits above 31 (the kernel's `ib_uverbs_device_cap_flags`).
 pub mod cap_flags_ex {
+    /// RDMA FLUSH with global placement (`IB_UVERBS_DEVICE_FLUSH_GLOBAL`).
+    pub const FLUSH_GLOBAL: u64 = 1 << 38;
     /// RDMA ATOMIC WRITE (`IB_UVERBS_DEVICE_ATOMIC_WRITE`).
     pub const ATOMIC_WRITE: u64 = 1 << 40;
 }
@@ -199,7 +201,7 @@ impl Device {
             mr_layout_caps: self.layout_caps(),
             odp_caps: OdpCaps::SUPPORTED,
             max_dm_size: crate::pd::MAX_DM_SIZE as u64,
-            device_cap_flags_ex: cap_flags_ex::ATOMIC_WRITE,
+            device_cap_flags_ex: cap_flags_ex::ATOMIC_WRITE | cap_flags_ex::FLUSH_GLOBAL,
         }
     }
 

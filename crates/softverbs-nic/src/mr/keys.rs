@@ -495,6 +495,24 @@ impl KeyTable {
         self.pin_key(key, pd, Some(qpn), iova, len, need)
     }
 
+    /// Like [`pin_remote`](Self::pin_remote) for the whole of `key`'s region or window
+    /// (an RDMA FLUSH of `IBV_FLUSH_MR` selectivity names no range).
+    pub fn pin_whole(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        need: AccessFlags,
+    ) -> Result<Pin<'_>, KeyError> {
+        let e = self.find(key).ok_or(KeyError::Invalid)?;
+        let (iova, len) = (
+            e.iova.load(Ordering::Relaxed),
+            e.length.load(Ordering::Relaxed),
+        );
+        // Read before the pin: the pin checks them again under it.
+        self.pin_key(key, pd, Some(qpn), iova, len, need)
+    }
+
     #[inline]
     fn pin_key(
         &self,

@@ -160,6 +160,13 @@ pub(crate) fn respond<R: Responder>(target: &R, req: &Request<'_>) -> Response {
             rkey,
             value,
         } => atomic_write(target, req, access, remote_addr, rkey, value),
+        SendOp::Flush {
+            remote_addr,
+            rkey,
+            len,
+            whole_region,
+            ..
+        } => flush(target, req, remote_addr, rkey, len, whole_region),
         SendOp::FetchAdd {
             remote_addr,
             rkey,
@@ -339,6 +346,33 @@ fn atomic<R: Responder>(
         Ok((addr, _pin)) => Response::Atomic(unsafe { access::atomic(addr, op) }),
         Err(refused) => refused,
     }
+}
+
+/// RDMA FLUSH with global placement: the key's range (or whole region) must grant
+/// `FLUSH_GLOBAL`. Data this responder placed is in memory when its request completed (every
+/// copy finishes before its ACK), so what is left is to order it before the FLUSH's answer
+/// for every CPU: a full fence.
+fn flush<R: Responder>(
+    target: &R,
+    req: &Request<'_>,
+    remote_addr: u64,
+    rkey: u32,
+    len: u32,
+    whole_region: bool,
+) -> Response {
+    let keys = target.keys();
+    let (pd, qpn, need) = (target.pd_id(), target.qpn(), AccessFlags::FLUSH_GLOBAL);
+    let pinned = if whole_region {
+        keys.pin_whole(rkey, pd, qpn, need).is_ok()
+    } else {
+        keys.pin_remote(rkey, pd, qpn, remote_addr, u64::from(len), need)
+            .is_ok()
+    };
+    if !pinned {
+        return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
+    }
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    Response::Ack
 }
 
 /// RDMA ATOMIC WRITE: as an atomic, with the write right.

@@ -124,6 +124,19 @@ impl Qp {
         if w.op.is_local() && !w.payload.is_empty() {
             return Err(inval("a bind or local invalidation takes no data"));
         }
+        if let Flush { persistent, .. } = w.op {
+            if self.qp_type != QpType::Rc {
+                return Err(inval("RDMA FLUSH is valid on RC QPs only"));
+            }
+            if persistent {
+                return Err(Error::Unsupported(
+                    "persistent placement (a software NIC has no persistent memory)".into(),
+                ));
+            }
+            if !w.payload.is_empty() {
+                return Err(inval("RDMA FLUSH takes no SGEs"));
+            }
+        }
         if let AtomicWrite { remote_addr, .. } = w.op {
             if self.qp_type != QpType::Rc {
                 return Err(inval("ATOMIC WRITE is valid on RC QPs only"));

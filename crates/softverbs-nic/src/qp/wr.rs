@@ -44,6 +44,19 @@ pub enum SendOp {
         rkey: u32,
         value: u64,
     },
+    /// RDMA FLUSH (IBTA 1.5, `ibv_wr_flush`, RC): once it completes, every RDMA WRITE and
+    /// ATOMIC WRITE before it on the QP is globally visible in the responder's region `rkey`
+    /// (global placement). `whole_region` flushes the whole region (`IBV_FLUSH_MR`), else
+    /// `len` bytes at `remote_addr` (`IBV_FLUSH_RANGE`); the region needs `FLUSH_GLOBAL`.
+    /// Persistent placement needs persistent memory, which a software NIC has not: such a
+    /// request is `Unsupported` at post. Takes no SGEs; completes with [`WcOpcode::Flush`].
+    Flush {
+        remote_addr: u64,
+        rkey: u32,
+        len: u32,
+        whole_region: bool,
+        persistent: bool,
+    },
     /// SEND with Invalidate (`IBV_WR_SEND_WITH_INV`, RC): a SEND that, once its data is
     /// placed, invalidates the responder's type-2 memory window `rkey` (of the responder QP's
     /// PD); its receive completion carries `WITH_INV` and the rkey. A key that cannot be
@@ -92,6 +105,7 @@ impl SendOp {
             SendOp::CmpSwap { .. } => WrOpcode::AtomicCmpAndSwp,
             SendOp::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
             SendOp::AtomicWrite { .. } => WrOpcode::AtomicWrite,
+            SendOp::Flush { .. } => WrOpcode::Flush,
             SendOp::SendWithInv { .. } => WrOpcode::SendWithInv,
             SendOp::BindMw { .. } => WrOpcode::BindMw,
             SendOp::LocalInv { .. } => WrOpcode::LocalInv,
@@ -110,6 +124,7 @@ impl SendOp {
             SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
             SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            SendOp::Flush { .. } => WcOpcode::Flush,
             SendOp::BindMw { .. } | SendOp::BindLayout { .. } => WcOpcode::BindMw,
             SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }

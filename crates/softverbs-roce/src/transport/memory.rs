@@ -54,6 +54,17 @@ pub trait Memory {
     fn scatter(&mut self, pd: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError>;
     /// Invalidates `rkey` (a SEND with invalidate).
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError>;
+    /// An RDMA FLUSH with global placement of `len` bytes at `va` of `rkey` (with
+    /// `whole_region`, of all of it): checks the flush right, and returns once what was
+    /// placed there before is visible.
+    fn flush(
+        &mut self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        whole_region: bool,
+    ) -> Result<(), MemError>;
 }
 
 /// A region of [`MemoryModel`].
@@ -242,6 +253,26 @@ impl Memory for MemoryModel {
             return Err(MemError::Misaligned);
         }
         self.write(pd, rkey, va, &bytes)
+    }
+
+    /// The model grants FLUSH with the write right (it has no flush bit).
+    fn flush(
+        &mut self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        whole_region: bool,
+    ) -> Result<(), MemError> {
+        let i = self.by_rkey(pd, rkey)?;
+        let r = &self.regions[i];
+        if !r.remote_write {
+            return Err(MemError::NoRights);
+        }
+        if !whole_region {
+            r.range(va, len)?;
+        }
+        Ok(())
     }
 
     fn gather(&self, pd: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {

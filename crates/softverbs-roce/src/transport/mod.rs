@@ -167,6 +167,15 @@ pub enum SendOp {
         rkey: u32,
         value: u64,
     },
+    /// RDMA FLUSH with global placement: the WRITEs before it are visible in region `rkey`
+    /// (its `len` bytes at `va`, or with `whole_region` all of it) once it completes; no
+    /// SGEs. RC only.
+    Flush {
+        va: u64,
+        rkey: u32,
+        len: u32,
+        whole_region: bool,
+    },
 }
 
 /// A send work request (`struct ibv_send_wr`).
@@ -249,6 +258,7 @@ pub enum WcOpcode {
     CompSwap,
     FetchAdd,
     AtomicWrite,
+    Flush,
     Recv,
     RecvRdmaWithImm,
 }

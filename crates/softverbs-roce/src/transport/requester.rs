@@ -24,6 +24,9 @@ use std::time::Duration;
 /// long message is acknowledged as it goes.
 const ACK_REQ_EVERY: u32 = 16;
 
+/// FETH placement type: global (IBTA 1.5; persistent, 2, needs persistent memory).
+pub(crate) const FLUSH_GLOBAL: u32 = 1;
+
 struct Wqe {
     wr: SendWr,
     len: u64,
@@ -43,6 +46,7 @@ impl Wqe {
                 | SendOp::CompareSwap { .. }
                 | SendOp::FetchAdd { .. }
                 | SendOp::AtomicWrite { .. }
+                | SendOp::Flush { .. }
         )
     }
 
@@ -60,6 +64,7 @@ impl Wqe {
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
             SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            SendOp::Flush { .. } => WcOpcode::Flush,
         }
     }
 }
@@ -135,6 +140,7 @@ impl Requester {
                 SendOp::CompareSwap { .. } => "compare-and-swap",
                 SendOp::FetchAdd { .. } => "fetch-and-add",
                 SendOp::AtomicWrite { .. } => "ATOMIC WRITE",
+                SendOp::Flush { .. } => "FLUSH",
             }));
         }
         let max = if cfg.qp_type == QpType::Ud {
@@ -156,6 +162,9 @@ impl Requester {
             && (wr.inline.is_some() || !wr.sges.is_empty() || va % 8 != 0)
         {
             return Err(PostError::AtomicSge);
+        }
+        if matches!(wr.op, SendOp::Flush { .. }) && (wr.inline.is_some() || !wr.sges.is_empty()) {
+            return Err(PostError::Unsupported("FLUSH with data"));
         }
         if wr.inline.is_some() && !matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. }) {
             return Err(PostError::Unsupported("inline data on a READ"));
@@ -443,8 +452,11 @@ impl Requester {
         self.ack_through_implicit(s, now, p);
         let pmtu = u64::from(s.cfg.pmtu);
         let Some(w) = self.wqes.front() else { return };
-        // An ATOMIC WRITE is answered by a zero-length READ response (its `len` is 0).
-        let (SendOp::Read { .. } | SendOp::AtomicWrite { .. }, true) = (w.wr.op, w.holds(p)) else {
+        // An ATOMIC WRITE or a FLUSH is answered by a zero-length READ response (its `len`
+        // is 0).
+        let (SendOp::Read { .. } | SendOp::AtomicWrite { .. } | SendOp::Flush { .. }, true) =
+            (w.wr.op, w.holds(p))
+        else {
             s.counters.dropped += 1;
             return;
         };
@@ -548,6 +560,7 @@ impl Requester {
             SendOp::CompareSwap { .. } => Op::CompareSwap,
             SendOp::FetchAdd { .. } => Op::FetchAdd,
             SendOp::AtomicWrite { .. } => Op::AtomicWrite,
+            SendOp::Flush { .. } => Op::Flush,
         };
         let opcode = Opcode::new(transport, op)?;
         let mut bth = Bth::new(opcode, dest_qp, psn);
@@ -606,6 +619,16 @@ impl Requester {
             }
             SendOp::AtomicWrite { va, rkey, .. } => {
                 h.reth = Some(Reth { va, rkey, len: 8 });
+            }
+            SendOp::Flush {
+                va,
+                rkey,
+                len,
+                whole_region,
+            } => {
+                // Global placement; selectivity 1 is the whole region.
+                h.feth = Some(FLUSH_GLOBAL | u32::from(whole_region) << 4);
+                h.reth = Some(Reth { va, rkey, len });
             }
         }
         if let SendOp::AtomicWrite { value, .. } = w.wr.op {

@@ -125,7 +125,17 @@ impl Responder {
             let c = s.completion(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, true);
             s.complete(c);
         }
-        self.replies.retain(|r| matches!(r, Reply::Nak { .. }));
+        // What the responder executed before the error is answered before its NAK, as on the
+        // wire of a NIC that processes requests in order (a READ or FLUSH that succeeded
+        // completes though a later request failed); nothing after the NAK is.
+        match self
+            .replies
+            .iter()
+            .position(|r| matches!(r, Reply::Nak { .. }))
+        {
+            Some(i) => self.replies.truncate(i + 1),
+            None => self.replies.clear(),
+        }
     }
 
     pub fn handle<M: Memory>(&mut self, s: &mut Shared, mem: &mut M, d: &Datagram<'_>) {
@@ -443,6 +453,27 @@ impl Responder {
             }
             let npkts = len.div_ceil(pmtu).max(1) as u32;
             self.answer_like_read(s, bth.psn, npkts, reth.va, reth.rkey, len);
+            return Ok(());
+        } else if op == Op::Flush {
+            let (Some(feth), Some(reth)) = (h.feth, h.reth) else {
+                return Err(invalid());
+            };
+            // Global placement only (persistent needs persistent memory); selectivity 0 is a
+            // range, 1 the whole region.
+            let whole = match (feth & 0xf, (feth >> 4) & 0x3) {
+                (super::requester::FLUSH_GLOBAL, sel @ (0 | 1)) => sel == 1,
+                _ => return Err(invalid()),
+            };
+            if s.cfg.max_dest_rd_atomic == 0 {
+                return Err(invalid());
+            }
+            if mem
+                .flush(pd, reth.rkey, reth.va, u64::from(reth.len), whole)
+                .is_err()
+            {
+                return Err(Refusal::Nak(NakCode::RemoteAccessError, None));
+            }
+            self.answer_like_read(s, bth.psn, 1, reth.va, reth.rkey, 0);
             return Ok(());
         } else if op == Op::AtomicWrite {
             let Some(reth) = h.reth else {

@@ -52,9 +52,12 @@ pub enum Op {
     /// RDMA ATOMIC WRITE (IBTA 1.5): RETH, then the 8 bytes to store; answered with a
     /// zero-length RDMA READ response, like a READ.
     AtomicWrite,
+    /// RDMA FLUSH (IBTA 1.5): FETH (placement type, selectivity), then RETH; answered with
+    /// a zero-length RDMA READ response.
+    Flush,
 }
 
-const OPS: [(Op, u8); 24] = [
+const OPS: [(Op, u8); 25] = [
     (Op::SendFirst, 0x00),
     (Op::SendMiddle, 0x01),
     (Op::SendLast, 0x02),
@@ -78,6 +81,7 @@ const OPS: [(Op, u8); 24] = [
     (Op::FetchAdd, 0x14),
     (Op::SendLastInv, 0x16),
     (Op::SendOnlyInv, 0x17),
+    (Op::Flush, 0x1c),
     (Op::AtomicWrite, 0x1d),
 ];
 
@@ -137,12 +141,18 @@ impl Op {
             || self.is_atomic()
             || self == Op::ReadRequest
             || self == Op::AtomicWrite
+            || self == Op::Flush
     }
 
-    /// A request answered with RDMA READ response packets (READ, ATOMIC WRITE): it holds a
-    /// responder resource, and its duplicates are answered from it.
+    /// A request answered with RDMA READ response packets (READ, ATOMIC WRITE, FLUSH): it
+    /// holds a responder resource, and its duplicates are answered from it.
     pub fn is_read_like(self) -> bool {
-        matches!(self, Op::ReadRequest | Op::AtomicWrite)
+        matches!(self, Op::ReadRequest | Op::AtomicWrite | Op::Flush)
+    }
+
+    /// Carries a FETH (a FLUSH's placement type and selectivity).
+    pub fn has_feth(self) -> bool {
+        self == Op::Flush
     }
 
     /// The first packet of a multi-packet message.
@@ -211,7 +221,12 @@ impl Op {
     pub fn has_reth(self) -> bool {
         matches!(
             self,
-            Op::WriteFirst | Op::WriteOnly | Op::WriteOnlyImm | Op::ReadRequest | Op::AtomicWrite
+            Op::WriteFirst
+                | Op::WriteOnly
+                | Op::WriteOnlyImm
+                | Op::ReadRequest
+                | Op::AtomicWrite
+                | Op::Flush
         )
     }
 
@@ -315,8 +330,8 @@ mod tests {
                 Err(e) => assert_eq!(e, WireError::Opcode(b)),
             }
         }
-        // RC 24, UC 12 (SEND and WRITE, no invalidate), UD 2.
-        assert_eq!(valid, 24 + 12 + 2);
+        // RC 25, UC 12 (SEND and WRITE, no invalidate), UD 2.
+        assert_eq!(valid, 25 + 12 + 2);
         assert_eq!(Opcode::all().count(), valid);
     }
 
@@ -330,6 +345,7 @@ mod tests {
         assert_eq!(rc(Op::FetchAdd), 0x14);
         assert_eq!(rc(Op::SendOnlyInv), 0x17);
         assert_eq!(rc(Op::AtomicWrite), 0x1d);
+        assert_eq!(rc(Op::Flush), 0x1c);
         assert!(Opcode::new(Transport::Uc, Op::AtomicWrite).is_none());
         assert_eq!(
             Opcode::new(Transport::Uc, Op::WriteLast).unwrap().to_u8(),

@@ -20,6 +20,8 @@ pub struct Headers {
     pub imm: Option<u32>,
     /// The R_Key to invalidate (IETH).
     pub ieth: Option<u32>,
+    /// A FLUSH's FETH: placement type in bits 3..0, selectivity in bits 5..4.
+    pub feth: Option<u32>,
 }
 
 impl Headers {
@@ -34,6 +36,7 @@ impl Headers {
             atomic_ack_eth: None,
             imm: None,
             ieth: None,
+            feth: None,
         }
     }
 
@@ -47,6 +50,7 @@ impl Headers {
             + self.atomic_ack_eth.map_or(0, |_| AtomicAckEth::LEN)
             + self.imm.map_or(0, |_| 4)
             + self.ieth.map_or(0, |_| 4)
+            + self.feth.map_or(0, |_| 4)
     }
 
     /// Always false: there is a BTH.
@@ -70,6 +74,7 @@ impl Headers {
             ),
             (self.imm.is_some(), op.has_imm(), "ImmDt"),
             (self.ieth.is_some(), op.has_ieth(), "IETH"),
+            (self.feth.is_some(), op.has_feth(), "FETH"),
         ];
         match want.iter().find(|(have, need, _)| have != need) {
             Some((_, _, name)) => Err(WireError::HeaderMismatch(name)),
@@ -91,6 +96,10 @@ impl Headers {
         };
         if bth.opcode.transport == Transport::Ud {
             h.deth = Some(Deth::parse(next(Deth::LEN, "DETH")?)?);
+        }
+        // A FLUSH's FETH comes before its RETH (IBTA 1.5, soft-RoCE's header offsets).
+        if op.has_feth() {
+            h.feth = Some(be32(next(4, "FETH")?));
         }
         if op.has_reth() {
             h.reth = Some(Reth::parse(next(Reth::LEN, "RETH")?)?);
@@ -151,6 +160,10 @@ impl Headers {
         let mut at = bth.emit(b)?;
         if let Some(x) = self.deth {
             at += x.emit(&mut b[at..])?;
+        }
+        if let Some(x) = self.feth {
+            b[at..at + 4].copy_from_slice(&x.to_be_bytes());
+            at += 4;
         }
         if let Some(x) = self.reth {
             at += x.emit(&mut b[at..])?;

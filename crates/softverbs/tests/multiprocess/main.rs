@@ -18,6 +18,7 @@ mod cq;
 mod dm;
 mod events;
 mod failure;
+mod flush;
 mod multicast;
 mod mw;
 mod noncontig;

@@ -8,6 +8,7 @@ mod channel;
 mod device;
 mod dm;
 mod errors;
+mod flush;
 mod multicast;
 mod mw;
 mod noncontig;

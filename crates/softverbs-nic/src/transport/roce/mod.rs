@@ -143,6 +143,18 @@ impl Offload for NetQp {
             }
             SendOp::Send | SendOp::SendWithImm { .. } => {}
             SendOp::SendWithInv { rkey } | SendOp::LocalInv { rkey } => h.rkey = rkey,
+            SendOp::Flush {
+                remote_addr,
+                rkey,
+                len,
+                whole_region,
+                ..
+            } => {
+                h.remote_addr = remote_addr;
+                h.rkey = rkey;
+                h.compare_add = u64::from(len);
+                h.swap = u64::from(whole_region);
+            }
             SendOp::BindMw {
                 window,
                 rkey,

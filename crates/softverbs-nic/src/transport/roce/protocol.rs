@@ -327,7 +327,8 @@ pub(crate) const WQE_INLINE: u8 = 8;
 /// A memory-window bind (`IBV_WR_BIND_MW`, which the engine executes against the owner's key
 /// table) carries the range in `remote_addr` and `compare_add` (length), the new rkey in
 /// `rkey`, the region's lkey in `imm`, and the window and its rights in `swap` (window
-/// `<< 32 | access`); a local invalidation (and a SEND with Invalidate) its rkey in `rkey`.
+/// `<< 32 | access`); a local invalidation (and a SEND with Invalidate) its rkey in `rkey`;
+/// a FLUSH its length in `compare_add` and its whole-region flag in `swap`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct NetWqe {

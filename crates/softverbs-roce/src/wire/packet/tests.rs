@@ -68,6 +68,9 @@ fn headers_for(opcode: Opcode, seed: u64) -> Headers {
     if op.has_ieth() {
         h.ieth = Some(0x1234_5678);
     }
+    if op.has_feth() {
+        h.feth = Some(1 | (seed as u32 & 1) << 4);
+    }
     h
 }
 

@@ -240,6 +240,32 @@ impl Memory for HostMemory {
         Self::copy(&[Span::of(data)], &dst)
     }
 
+    /// An RDMA FLUSH with global placement: the range (or region) needs `FLUSH_GLOBAL`; what
+    /// the engine placed is in memory already, and a fence orders it before the answer.
+    fn flush(
+        &mut self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        whole_region: bool,
+    ) -> Result<(), MemError> {
+        let q = self.qp(pd)?;
+        let need = AccessFlags::FLUSH_GLOBAL;
+        let pinned = if whole_region {
+            q.keys().pin_whole(rkey, q.pd_id(), q.qpn(), need).is_ok()
+        } else {
+            q.keys()
+                .pin_remote(rkey, q.pd_id(), q.qpn(), va, len, need)
+                .is_ok()
+        };
+        if !pinned {
+            return Err(MemError::NoRights);
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
     /// A SEND with Invalidate: the type-2 window `rkey` of the QP's PD is freed.
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
         let q = self.qp(pd)?;

@@ -329,6 +329,7 @@ fn opcode_of(o: WcOpcode) -> NicOp {
         WcOpcode::CompSwap => NicOp::CompSwap,
         WcOpcode::FetchAdd => NicOp::FetchAdd,
         WcOpcode::AtomicWrite => NicOp::AtomicWrite,
+        WcOpcode::Flush => NicOp::Flush,
         WcOpcode::Recv => NicOp::Recv,
         WcOpcode::RecvRdmaWithImm => NicOp::RecvRdmaWithImm,
     }
@@ -410,6 +411,13 @@ fn send_wr(w: &NetWqe, items: &[NicSge]) -> Option<SendWr> {
             va: w.remote_addr,
             rkey: w.rkey,
             value: w.compare_add,
+        },
+        // The length in `compare_add`, the whole-region flag in `swap` (see `NetQp::post`).
+        WrOpcode::Flush => SendOp::Flush {
+            va: w.remote_addr,
+            rkey: w.rkey,
+            len: u32::try_from(w.compare_add).ok()?,
+            whole_region: w.swap != 0,
         },
         WrOpcode::BindMw | WrOpcode::LocalInv | WrOpcode::Driver1 => return None,
     };
