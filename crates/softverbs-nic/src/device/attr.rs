@@ -96,6 +96,10 @@ impl OdpCaps {
     };
 }
 
+/// `max_dm_size`: the device memory a process may hold at once (ConnectX-5's on-chip memory
+/// is of this order; a software device could offer more, but programs size to it).
+pub const MAX_DM_SIZE: usize = 256 * 1024;
+
 /// `vendor_id`: a software device has no IEEE OUI; soft-RoCE reports the same value.
 pub const VENDOR_ID: u32 = 0xff_ffff;
 /// `vendor_part_id`: "SV", so programs that tell devices apart by id see a non-zero one.
@@ -200,7 +204,7 @@ impl Device {
             hca_core_clock: Clock::KHZ,
             mr_layout_caps: self.layout_caps(),
             odp_caps: OdpCaps::SUPPORTED,
-            max_dm_size: crate::pd::MAX_DM_SIZE as u64,
+            max_dm_size: MAX_DM_SIZE as u64,
             device_cap_flags_ex: cap_flags_ex::ATOMIC_WRITE | cap_flags_ex::FLUSH_GLOBAL,
         }
     }

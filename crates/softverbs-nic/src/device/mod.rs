@@ -17,7 +17,8 @@ mod qpn;
 mod resource;
 
 pub use attr::{
-    DEFAULT_PKEY, DeviceAttr, MAX_MSG_SIZE, OdpCaps, PORT_NUM, PortAttr, cap_flags, cap_flags_ex,
+    DEFAULT_PKEY, DeviceAttr, MAX_DM_SIZE, MAX_MSG_SIZE, OdpCaps, PORT_NUM, PortAttr, cap_flags,
+    cap_flags_ex,
 };
 pub use context::Context;
 use qpn::QpNumbers;

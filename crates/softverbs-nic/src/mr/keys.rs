@@ -495,22 +495,33 @@ impl KeyTable {
         self.pin_key(key, pd, Some(qpn), iova, len, need)
     }
 
-    /// Like [`pin_remote`](Self::pin_remote) for the whole of `key`'s region or window
-    /// (an RDMA FLUSH of `IBV_FLUSH_MR` selectivity names no range).
-    pub fn pin_whole(
+    /// The responder's side of an RDMA FLUSH with global placement, for a request that
+    /// reached QP `qpn`: `len` bytes at `iova` of rkey `key` (with `whole_region`, all of its
+    /// region: `IBV_FLUSH_MR` names no range) must grant `FLUSH_GLOBAL`. A software NIC has
+    /// placed every byte before it answered the request that carried it, so what is left is
+    /// to order those stores before the FLUSH's answer for every CPU: a full fence.
+    pub fn flush(
         &self,
         key: u32,
         pd: u32,
         qpn: u32,
-        need: AccessFlags,
-    ) -> Result<Pin<'_>, KeyError> {
-        let e = self.find(key).ok_or(KeyError::Invalid)?;
-        let (iova, len) = (
-            e.iova.load(Ordering::Relaxed),
-            e.length.load(Ordering::Relaxed),
-        );
-        // Read before the pin: the pin checks them again under it.
-        self.pin_key(key, pd, Some(qpn), iova, len, need)
+        iova: u64,
+        len: u64,
+        whole_region: bool,
+    ) -> Result<(), KeyError> {
+        let (iova, len) = if whole_region {
+            // Read before the pin, which checks them again under it.
+            let e = self.find(key).ok_or(KeyError::Invalid)?;
+            (
+                e.iova.load(Ordering::Relaxed),
+                e.length.load(Ordering::Relaxed),
+            )
+        } else {
+            (iova, len)
+        };
+        self.pin_key(key, pd, Some(qpn), iova, len, AccessFlags::FLUSH_GLOBAL)?;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
     }
 
     #[inline]

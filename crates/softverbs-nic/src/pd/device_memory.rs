@@ -12,9 +12,7 @@ use crate::types::AccessFlags;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// `max_dm_size`: the device memory a process may hold at once (ConnectX-5's on-chip memory
-/// is of this order; a software device could offer more, but programs size to it).
-pub const MAX_DM_SIZE: usize = 256 * 1024;
+pub use crate::device::MAX_DM_SIZE;
 
 /// Device memory allocated and not yet freed in this process.
 static ALLOCATED: AtomicUsize = AtomicUsize::new(0);

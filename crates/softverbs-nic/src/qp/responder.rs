@@ -348,10 +348,7 @@ fn atomic<R: Responder>(
     }
 }
 
-/// RDMA FLUSH with global placement: the key's range (or whole region) must grant
-/// `FLUSH_GLOBAL`. Data this responder placed is in memory when its request completed (every
-/// copy finishes before its ACK), so what is left is to order it before the FLUSH's answer
-/// for every CPU: a full fence.
+/// RDMA FLUSH with global placement: see [`KeyTable::flush`].
 fn flush<R: Responder>(
     target: &R,
     req: &Request<'_>,
@@ -360,19 +357,14 @@ fn flush<R: Responder>(
     len: u32,
     whole_region: bool,
 ) -> Response {
-    let keys = target.keys();
-    let (pd, qpn, need) = (target.pd_id(), target.qpn(), AccessFlags::FLUSH_GLOBAL);
-    let pinned = if whole_region {
-        keys.pin_whole(rkey, pd, qpn, need).is_ok()
-    } else {
-        keys.pin_remote(rkey, pd, qpn, remote_addr, u64::from(len), need)
-            .is_ok()
-    };
-    if !pinned {
-        return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
+    let (pd, qpn) = (target.pd_id(), target.qpn());
+    match target
+        .keys()
+        .flush(rkey, pd, qpn, remote_addr, u64::from(len), whole_region)
+    {
+        Ok(()) => Response::Ack,
+        Err(_) => error(target, req, WcStatus::RemAccessErr, ACCESS_ERR),
     }
-    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    Response::Ack
 }
 
 /// RDMA ATOMIC WRITE: as an atomic, with the write right.

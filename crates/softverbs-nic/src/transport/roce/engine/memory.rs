@@ -240,8 +240,7 @@ impl Memory for HostMemory {
         Self::copy(&[Span::of(data)], &dst)
     }
 
-    /// An RDMA FLUSH with global placement: the range (or region) needs `FLUSH_GLOBAL`; what
-    /// the engine placed is in memory already, and a fence orders it before the answer.
+    /// An RDMA FLUSH with global placement: see [`KeyTable::flush`](crate::mr::keys::KeyTable::flush).
     fn flush(
         &mut self,
         pd: u32,
@@ -251,19 +250,9 @@ impl Memory for HostMemory {
         whole_region: bool,
     ) -> Result<(), MemError> {
         let q = self.qp(pd)?;
-        let need = AccessFlags::FLUSH_GLOBAL;
-        let pinned = if whole_region {
-            q.keys().pin_whole(rkey, q.pd_id(), q.qpn(), need).is_ok()
-        } else {
-            q.keys()
-                .pin_remote(rkey, q.pd_id(), q.qpn(), va, len, need)
-                .is_ok()
-        };
-        if !pinned {
-            return Err(MemError::NoRights);
-        }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        Ok(())
+        q.keys()
+            .flush(rkey, q.pd_id(), q.qpn(), va, len, whole_region)
+            .map_err(|_| MemError::NoRights)
     }
 
     /// A SEND with Invalidate: the type-2 window `rkey` of the QP's PD is freed.
