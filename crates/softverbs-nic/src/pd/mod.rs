@@ -137,8 +137,9 @@ mod tests {
             Err(Error::InvalidArgument(_))
         ));
         assert_eq!(ok(1 << 4), AccessFlags::MW_BIND);
+        assert_eq!(ok(1 << 8), AccessFlags::FLUSH_GLOBAL);
         assert!(matches!(
-            Pd::effective_access(1 << 8),
+            Pd::effective_access(1 << 9),
             Err(Error::Unsupported(_))
         ));
     }
