@@ -9,7 +9,8 @@
 //! - libfabric's verbs provider: `fi_info` lists MSG endpoints, `fi_pingpong` over `msg`
 //!   and over `verbs;ofi_rxm` `rdm`;
 //! - `tests/c/cm_events.c`, for what goes wrong: a reject with private data, a connect to
-//!   a port nobody listens on, a peer killed mid-connection, a peer that never answers.
+//!   a port nobody listens on, a peer killed mid-connection, a peer that never answers, and
+//!   the rules of multicast joins.
 //!
 //! Each runs on one host (`softverbs0`, 127.0.0.1) and between two network namespaces over a
 //! veth (`roce0` on each side, the CM's MADs on QP1 through each host's engine). libfabric
@@ -548,6 +549,23 @@ fn peer_killed(exe: &str, s: On<'_>, c: On<'_>) {
 }
 
 /// A peer that never answers: UNREACHABLE (-ETIMEDOUT) after the CM's tries (5 × 1.07 s).
+/// `cm_events mcast`: the rules of `rdma_join_multicast` and `rdma_leave_multicast`.
+fn join_rules(exe: &str, on: On<'_>) {
+    let addr = on.addr();
+    let out = finish(
+        vec![(
+            "mcast",
+            spawn(&mut on.run(&[exe, "mcast", &addr, "239.1.1.3"])),
+        )],
+        RUN_LIMIT,
+    );
+    assert!(
+        out[0].status.success() && text(&out[0]).contains("mcast ok"),
+        "{}",
+        show(&out[0])
+    );
+}
+
 fn check_unreachable(out: &Output) {
     let ev = outcome(out);
     assert_eq!(ev.len(), 1, "{}", show(out));
@@ -701,6 +719,7 @@ fn what_goes_wrong_gives_the_event_programs_expect_on_one_host() {
     reject_with_private_data(exe, On::Here, On::Here);
     no_listener(exe, On::Here, On::Here);
     peer_killed(exe, On::Here, On::Here);
+    join_rules(exe, On::Here);
     // A listener that never answers: stopped, so its CM agent reads nothing.
     let mut srv = spawn(&mut On::Here.run(&[exe, "server", "7488", "accept"]));
     wait_listening(&mut srv, 7488, "stopped server");
@@ -734,6 +753,7 @@ fn what_goes_wrong_gives_the_event_programs_expect_between_hosts() {
     reject_with_private_data(exe, a, b);
     no_listener(exe, a, b);
     peer_killed(exe, a, b);
+    join_rules(exe, a);
     // A host where nothing runs: no engine owns its UDP 4791, nothing answers.
     wait_engine_gone(net.a());
     let out = finish(

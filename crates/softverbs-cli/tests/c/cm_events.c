@@ -4,6 +4,8 @@
  *                                              wait for DISCONNECTED), reject it with
  *                                              private data, or accept and wait to be killed
  *   cm_events client ADDR PORT                 connect with private data; print each event
+ *   cm_events mcast ADDR GROUP                 multicast joins' rules (see mcast()); prints
+ *                                              "mcast ok" or the first rule broken
  *
  * Every event is printed as one line:
  *   event NAME status N private 'TEXT' after MS ms
@@ -163,6 +165,65 @@ static int client(const char *addr, int port)
 	return 0;
 }
 
+#define EXPECT(c) do { if (!(c)) { printf("mcast: %s failed (errno %d)\n", #c, errno); return 1; } } while (0)
+
+/* rdma_join_multicast on a UDP id bound to ADDR: MULTICAST_JOIN with the context, the group's
+ * GID, the multicast QPN and the UDP Q_Key; joining twice is EADDRINUSE; a unicast address, an
+ * unbound id and a TCP id are EINVAL; rdma_destroy_qp before leaving works (the library
+ * detaches the QP: an attached QP cannot be destroyed); leaving twice is EADDRNOTAVAIL. */
+static int mcast(const char *addr, const char *group)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id, *tcp, *unbound;
+	struct sockaddr_in src = { .sin_family = AF_INET }, grp = { .sin_family = AF_INET };
+	struct sockaddr_in uni = { .sin_family = AF_INET };
+	int ctx_marker = 0;
+
+	EXPECT(ch);
+	EXPECT(inet_pton(AF_INET, addr, &src.sin_addr) == 1);
+	EXPECT(inet_pton(AF_INET, group, &grp.sin_addr) == 1);
+	uni.sin_addr = src.sin_addr;
+	EXPECT(rdma_create_id(ch, &id, NULL, RDMA_PS_UDP) == 0);
+	EXPECT(rdma_create_id(ch, &unbound, NULL, RDMA_PS_UDP) == 0);
+	EXPECT(rdma_create_id(ch, &tcp, NULL, RDMA_PS_TCP) == 0);
+	EXPECT(rdma_join_multicast(unbound, (struct sockaddr *)&grp, NULL) == -1 && errno == EINVAL);
+	EXPECT(rdma_bind_addr(id, (struct sockaddr *)&src) == 0);
+	EXPECT(rdma_bind_addr(tcp, (struct sockaddr *)&src) == 0);
+	EXPECT(rdma_join_multicast(tcp, (struct sockaddr *)&grp, NULL) == -1 && errno == EINVAL);
+	EXPECT(rdma_join_multicast(id, (struct sockaddr *)&uni, NULL) == -1 && errno == EINVAL);
+	/* As mckey does: resolving the group from the bound address picks the device (a
+	 * loopback-bound id has none before). */
+	EXPECT(rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&grp, 2000) == 0);
+	struct rdma_cm_event *r = next_event(ch, 2000);
+	EXPECT(r && r->event == RDMA_CM_EVENT_ADDR_RESOLVED);
+	rdma_ack_cm_event(r);
+
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof a);
+	a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	a.qp_type = IBV_QPT_UD;
+	EXPECT(rdma_create_qp(id, NULL, &a) == 0);
+	EXPECT(rdma_join_multicast(id, (struct sockaddr *)&grp, &ctx_marker) == 0);
+	struct rdma_cm_event *e = next_event(ch, 2000);
+	EXPECT(e && e->event == RDMA_CM_EVENT_MULTICAST_JOIN && e->status == 0);
+	EXPECT(e->param.ud.private_data == &ctx_marker);
+	EXPECT(e->param.ud.qp_num == 0xffffff && e->param.ud.qkey == RDMA_UDP_QKEY);
+	EXPECT(e->param.ud.ah_attr.is_global);
+	const uint8_t *g = e->param.ud.ah_attr.grh.dgid.raw;
+	EXPECT(g[10] == 0xff && g[11] == 0xff && !memcmp(g + 12, &grp.sin_addr, 4));
+	rdma_ack_cm_event(e);
+	EXPECT(rdma_join_multicast(id, (struct sockaddr *)&grp, NULL) == -1 && errno == EADDRINUSE);
+	rdma_destroy_qp(id);
+	EXPECT(id->qp == NULL);
+	EXPECT(rdma_leave_multicast(id, (struct sockaddr *)&grp) == 0);
+	EXPECT(rdma_leave_multicast(id, (struct sockaddr *)&grp) == -1 && errno == EADDRNOTAVAIL);
+	EXPECT(rdma_destroy_id(id) == 0 && rdma_destroy_id(tcp) == 0 && rdma_destroy_id(unbound) == 0);
+	rdma_destroy_event_channel(ch);
+	printf("mcast ok\n");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	t0 = now_ms();
@@ -170,6 +231,8 @@ int main(int argc, char **argv)
 		return server(atoi(argv[2]), argv[3]);
 	if (argc == 4 && !strcmp(argv[1], "client"))
 		return client(argv[2], atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "mcast"))
+		return mcast(argv[2], argv[3]);
 	fprintf(stderr, "usage: cm_events server PORT accept|reject|hold | client ADDR PORT\n");
 	return 2;
 }

@@ -205,6 +205,9 @@ pub unsafe extern "C" fn sv_rdma_create_qp_ex(
 pub unsafe extern "C" fn sv_rdma_destroy_qp(id: *mut rdma_cm_id) {
     let _ = with_id(id, |cm, i| {
         let v = verbs().ok_or(libc::ENOSYS)?;
+        // The groups this library attached the QP to let it go first (an attached QP cannot
+        // be destroyed: EBUSY); the id stays joined.
+        cm.detach_qp(i);
         let own = std::mem::replace(
             &mut cm.conns.get_mut(&i).ok_or(libc::EINVAL)?.own_cqs,
             false,

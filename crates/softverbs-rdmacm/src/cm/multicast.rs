@@ -127,6 +127,17 @@ impl Cm {
         detach(&g)
     }
 
+    /// Detaches id `i`'s QP from the groups it was attached to (the QP is being destroyed);
+    /// the id stays a member.
+    pub fn detach_qp(&mut self, i: u32) {
+        if let Some(c) = self.conns.get_mut(&i) {
+            for g in &mut c.groups {
+                let _ = detach(g);
+                g.attached = std::ptr::null_mut();
+            }
+        }
+    }
+
     /// Leaves every group of id `i` (it is being destroyed), detaching its QP.
     pub(super) fn leave_all(&mut self, i: u32) {
         if let Some(c) = self.conns.get_mut(&i) {
