@@ -205,15 +205,18 @@ fn describe(o: &mut String, dev: &Device, verbose: bool) -> Result<()> {
             atomic_cap_str(a.atomic_cap),
             a.atomic_cap as u32
         );
-        // softverbs has no EE contexts, RDDs, memory windows, raw QPs, multicast or FMRs.
+        // softverbs has no EE contexts, RDDs, raw QPs or FMRs.
         line!("\tmax_ee:\t\t\t\t0");
         line!("\tmax_rdd:\t\t\t0");
-        line!("\tmax_mw:\t\t\t\t0");
+        line!("\tmax_mw:\t\t\t\t{}", a.max_mw);
         line!("\tmax_raw_ipv6_qp:\t\t0");
         line!("\tmax_raw_ethy_qp:\t\t0");
-        line!("\tmax_mcast_grp:\t\t\t0");
-        line!("\tmax_mcast_qp_attach:\t\t0");
-        line!("\tmax_total_mcast_qp_attach:\t0");
+        line!("\tmax_mcast_grp:\t\t\t{}", a.max_mcast_grp);
+        line!("\tmax_mcast_qp_attach:\t\t{}", a.max_mcast_qp_attach);
+        line!(
+            "\tmax_total_mcast_qp_attach:\t{}",
+            a.max_total_mcast_qp_attach
+        );
         line!("\tmax_ah:\t\t\t\t{}", a.max_ah);
         line!("\tmax_fmr:\t\t\t0");
         line!("\tmax_srq:\t\t\t{}", a.max_srq);

@@ -78,6 +78,25 @@ fn ibv_devinfo_shows_the_port_active() {
     ] {
         assert!(t.contains(want), "`{want}` in {t}");
     }
+    // Memory windows and multicast, as the drop-in reports them and as `softverbs devinfo`
+    // prints them: the same lines.
+    let ours = output({
+        let mut c = Command::new(env!("CARGO_BIN_EXE_softverbs"));
+        c.args(["devinfo", "-v"]);
+        c
+    });
+    let ours = show(&ours);
+    for want in [
+        "\t\t\t\t\tMEM_WINDOW\n",
+        "\t\t\t\t\tMEM_WINDOW_TYPE_2B\n",
+        "\tmax_mw:\t\t\t\t65536\n",
+        "\tmax_mcast_grp:\t\t\t8192\n",
+        "\tmax_mcast_qp_attach:\t\t56\n",
+        "\tmax_total_mcast_qp_attach:\t458752\n",
+    ] {
+        assert!(t.contains(want), "`{want}` in ibv_devinfo: {t}");
+        assert!(ours.contains(want), "`{want}` in softverbs devinfo: {ours}");
+    }
 }
 
 #[test]
