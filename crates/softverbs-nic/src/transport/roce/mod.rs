@@ -225,12 +225,19 @@ impl Offload for NetQp {
         }
     }
 
+    /// Asked on a connection of its own, so the call returns once the engine has joined (or
+    /// left) the group: a datagram sent to the group after `ibv_attach_mcast` returns reaches
+    /// this QP.
     fn group(&self, mgid: crate::types::Gid, join: bool) -> Result<()> {
-        self.link.send(&Ctl::Group {
+        let m = Ctl::Group {
             qpn: self.qpn,
             group: ip_of(mgid),
             join,
-        })
+        };
+        match client::request(ip_of(self.dev.config.gid), &m)?.as_str() {
+            "ok" => Ok(()),
+            why => Err(Error::NoResources(format!("multicast group: {why}"))),
+        }
     }
 
     fn moved(&self, qp: &Qp, from: QpState, to: QpState, attr: &QpAttr) -> Result<()> {

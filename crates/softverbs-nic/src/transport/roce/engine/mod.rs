@@ -838,7 +838,15 @@ impl Engine {
                 }
                 self.ep.with_qp(qpn, |q| q.set_error());
             }
-            Ctl::Group { qpn, group, join } if owns(self, qpn) => self.group(qpn, group, join),
+            // Answered: `ibv_attach_mcast` returns once the group is joined, as a NIC's does.
+            Ctl::Group { qpn, group, join } => {
+                let said = if owns(self, qpn) {
+                    self.group(qpn, group, join)
+                } else {
+                    format!("QP {qpn:#x} is not one of this client's")
+                };
+                self.reply(client, &Reply::Text(said));
+            }
             Ctl::Close { qpn } if owns(self, qpn) => {
                 self.close(qpn);
                 self.clients[client].qps.retain(|&q| q != qpn);
@@ -882,10 +890,10 @@ impl Engine {
     }
 
     /// Attaches QP `qpn` to IP multicast group `group` (or detaches it), joining the group on
-    /// the network with its first member here and leaving it with its last.
-    fn group(&mut self, qpn: u32, group: IpAddr, join: bool) {
+    /// the network with its first member here and leaving it with its last: "ok", or why not.
+    fn group(&mut self, qpn: u32, group: IpAddr, join: bool) -> String {
         if !group.is_multicast() {
-            return;
+            return format!("{group} is not a multicast address");
         }
         let ud = self
             .ep
@@ -895,15 +903,17 @@ impl Engine {
             if self.ep.join(qpn, group) && !self.groups.iter().any(|s| s.addr == group) {
                 match Socket::join(group, self.ifindex) {
                     Ok(s) => self.groups.push(s),
-                    Err(_) => {
+                    Err(e) => {
                         self.totals.group_failures += 1;
                         self.ep.leave(qpn, group);
+                        return format!("joining {group}: {e}");
                     }
                 }
             }
         } else if !join && self.ep.leave(qpn, group) {
             self.groups.retain(|s| s.addr != group);
         }
+        "ok".into()
     }
 
     /// Reads what arrived; a request that needs a receive gets one from its QP's queue first.
