@@ -20,11 +20,12 @@ pub(crate) struct Listing {
     _info: OwnedFd,
 }
 
-fn gid_hex(gid: Gid) -> String {
+pub(super) fn gid_hex(gid: Gid) -> String {
     gid.0.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn bind_abstract(name: &str) -> Result<Option<OwnedFd>> {
+/// A socket bound to the abstract name `name`; `None` if another holds it.
+pub(super) fn bind_abstract(name: &str) -> Result<Option<OwnedFd>> {
     // Close-on-exec: a child process must not keep our QP numbers taken after we exit.
     let sock = socket_with(
         AddressFamily::UNIX,

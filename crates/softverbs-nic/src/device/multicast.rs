@@ -7,10 +7,10 @@
 //! group reads the members from `/proc/net/unix`: a few tens of µs a message, which is what
 //! multicast costs here (it is for discovery and control traffic, not the data path).
 
+use super::directory::{bind_abstract, gid_hex};
 use crate::error::{Error, Result};
 use crate::types::Gid;
 use rustix::fd::OwnedFd;
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType, bind, socket_with};
 
 /// Most groups one device serves, QPs one group holds, and groups one QP joins (soft-RoCE's
 /// figures for the first two).
@@ -40,7 +40,7 @@ pub fn is_multicast(gid: &Gid) -> bool {
 }
 
 fn hex(gid: &Gid) -> String {
-    gid.0.iter().map(|b| format!("{b:02x}")).collect()
+    gid_hex(*gid)
 }
 
 /// Holding it keeps QP `qpn` attached to the group (on a networked device the host engine
@@ -110,23 +110,10 @@ pub(crate) fn attach(gid: Gid, mgid: Gid, mlid: u16, qpn: u32) -> Result<Option<
             )));
         }
     }
-    let sock = socket_with(
-        AddressFamily::UNIX,
-        SocketType::DGRAM,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(Error::os("socket"))?;
     let name = format!("softverbs/{}/mc/{group}/{mlid:04x}/{qpn:06x}", hex(&gid));
-    let addr =
-        SocketAddrUnix::new_abstract_name(name.as_bytes()).map_err(Error::os("socket name"))?;
-    match bind(&sock, &addr) {
-        Ok(()) => Ok(Some(Membership {
-            mgid,
-            mlid,
-            _name: Some(sock),
-        })),
-        Err(rustix::io::Errno::ADDRINUSE) => Ok(None),
-        Err(e) => Err(Error::os("bind")(e)),
-    }
+    Ok(bind_abstract(&name)?.map(|sock| Membership {
+        mgid,
+        mlid,
+        _name: Some(sock),
+    }))
 }

@@ -126,10 +126,7 @@ peer!(peer_victim, |p| {
     let hidden = pattern(LEN, 0x5e);
     secret.write_at(0, &hidden).unwrap();
     p.send(msg!("victim", qp.endpoint(0).unwrap(), RemoteMr::of(&buf)));
-    let them: Endpoint = p.expect("initiator").get(0);
-    qp.to_init(ALL_REMOTE).unwrap();
-    qp.to_rtr(&them).unwrap();
-    qp.to_rts(0).unwrap();
+    accept_rc(p, &qp);
     p.send("ready");
     loop {
         let m = p.recv();

@@ -60,6 +60,15 @@ impl Node {
     }
 }
 
+/// The target's side of [`Node::rc_to`]: connects `qp` (with every remote right) to the
+/// endpoint the initiator sends; the caller answers `ready` (with whatever it adds).
+pub fn accept_rc(p: &mut crate::harness::Parent, qp: &QueuePair) {
+    let them: Endpoint = p.expect("initiator").get(0);
+    qp.to_init(ALL_REMOTE).unwrap();
+    qp.to_rtr(&them).unwrap();
+    qp.to_rts(0).unwrap();
+}
+
 /// Polls until `n` completions arrived, within [`DATA_WAIT`]; panics naming `what` otherwise.
 pub fn poll_n(cq: &CompletionQueue, n: usize, what: &str) -> Vec<WorkCompletion> {
     poll_n_within(cq, n, what, DATA_WAIT)

@@ -18,10 +18,7 @@ peer!(peer_dm_target, |p| {
         n.pd.reg_dm_mr(&dm, LEN..2 * LEN, ALL_REMOTE)
             .expect("reg_dm_mr");
     p.send(msg!("target", qp.endpoint(0).unwrap(), RemoteMr::of(&mr)));
-    let them: Endpoint = p.expect("initiator").get(0);
-    qp.to_init(ALL_REMOTE).unwrap();
-    qp.to_rtr(&them).unwrap();
-    qp.to_rts(0).unwrap();
+    accept_rc(p, &qp);
     p.send("ready");
     p.expect("check");
     let mut got = vec![0u8; 2 * LEN];

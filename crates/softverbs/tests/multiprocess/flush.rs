@@ -14,10 +14,7 @@ peer!(peer_flush_target, |p| {
         n.pd.alloc_mr(4096, ALL_REMOTE | AccessFlags::FLUSH_GLOBAL)
             .expect("alloc_mr FLUSH_GLOBAL");
     p.send(msg!("target", qp.endpoint(0).unwrap(), RemoteMr::of(&mr)));
-    let them: Endpoint = p.expect("initiator").get(0);
-    qp.to_init(ALL_REMOTE).unwrap();
-    qp.to_rtr(&them).unwrap();
-    qp.to_rts(0).unwrap();
+    accept_rc(p, &qp);
     p.send("ready");
     p.expect("check");
     p.send(msg!(

@@ -20,10 +20,7 @@ peer!(peer_mw_target, |p| {
     let recv = n.mr(64);
     let mw = n.pd.alloc_mw(MwType::Type2).expect("alloc_mw");
     p.send(msg!("target", qp.endpoint(0).unwrap()));
-    let them: Endpoint = p.expect("initiator").get(0);
-    qp.to_init(ALL_REMOTE).unwrap();
-    qp.to_rtr(&them).unwrap();
-    qp.to_rts(0).unwrap();
+    accept_rc(p, &qp);
     qp.post_recv([RecvWr::new(50, &[recv.sge(0..64)])]).unwrap();
     let rights = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let bind = mw.bind(&region, WINDOW_AT..2 * WINDOW_AT, rights);

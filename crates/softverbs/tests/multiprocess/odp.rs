@@ -35,10 +35,7 @@ peer!(peer_odp_target, |p| {
     // SAFETY: the tail of our own mapping, referred to by nothing but the region.
     unsafe { munmap(at.add(tail) as *mut _, GONE * PAGE) }.expect("munmap");
     p.send(msg!("target", qp.endpoint(0).unwrap(), RemoteMr::of(&mr)));
-    let them: Endpoint = p.expect("initiator").get(0);
-    qp.to_init(ALL_REMOTE).unwrap();
-    qp.to_rtr(&them).unwrap();
-    qp.to_rts(0).unwrap();
+    accept_rc(p, &qp);
     p.send("ready");
     p.expect("check");
     // SAFETY: 4 KiB of the mapped part, written by the initiator's completed WRITE.
