@@ -357,6 +357,13 @@ fn ibv_srq_pingpong_default() {
     pingpong("ibv_srq_pingpong", &[]);
 }
 
+/// XRC: the server's receive QPs in an XRC domain, with XRC SRQs its client's initiator
+/// names in every message (on one host: XRC is not offered on networked devices).
+#[test]
+fn ibv_xsrq_pingpong_default() {
+    pair("ibv_xsrq_pingpong", "-g", &["-n", "50"], "success");
+}
+
 #[test]
 fn ibv_rc_pingpong_new_send_api() {
     pingpong("ibv_rc_pingpong", &["-N"]);

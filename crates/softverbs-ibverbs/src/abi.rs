@@ -40,6 +40,13 @@ pub type PostRecv =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type CreateQpEx =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+pub type OpenQp = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp;
+pub type GetSrqNum = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
+pub type CreateSrqEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
+pub type OpenXrcd =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
+pub type CloseXrcd = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
 pub type AllocMw = unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut ibv_mw;
 pub type BindMw = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
 pub type DeallocMw = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
@@ -100,11 +107,14 @@ pub struct verbs_context {
     pub create_cq_ex: Option<CreateCqEx>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<QueryDeviceEx>,
-    /// `ibv_destroy_flow` … `open_qp`.
-    pub _ex1: [Slot; 5],
+    /// `ibv_destroy_flow` … `ABI_placeholder1`.
+    pub _ex1: [Slot; 4],
+    pub open_qp: Option<OpenQp>,
     pub create_qp_ex: Option<CreateQpEx>,
-    /// `get_srq_num` … `close_xrcd`.
-    pub _ex2: [Slot; 4],
+    pub get_srq_num: Option<GetSrqNum>,
+    pub create_srq_ex: Option<CreateSrqEx>,
+    pub open_xrcd: Option<OpenXrcd>,
+    pub close_xrcd: Option<CloseXrcd>,
     pub _ABI_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,
@@ -468,6 +478,44 @@ pub struct ibv_srq_init_attr {
     pub attr: ibv_srq_attr,
 }
 
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `struct ibv_srq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: c_int,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut ibv_xrcd,
+    pub cq: *mut ibv_cq,
+    /// `struct ibv_tm_cap`: `max_num_tags`, `max_ops`.
+    pub tm_cap: [u32; 2],
+}
+
+/// `struct ibv_qp_open_attr`.
+#[repr(C)]
+pub struct ibv_qp_open_attr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut ibv_xrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: c_int,
+}
+
 /// `struct ibv_rx_hash_conf`.
 #[repr(C)]
 pub struct ibv_rx_hash_conf {
@@ -488,7 +536,7 @@ pub struct ibv_qp_init_attr_ex {
     pub sq_sig_all: c_int,
     pub comp_mask: u32,
     pub pd: *mut ibv_pd,
-    pub xrcd: *mut c_void,
+    pub xrcd: *mut ibv_xrcd,
     pub create_flags: u32,
     pub max_tso_header: u16,
     pub rwq_ind_tbl: *mut c_void,
@@ -525,7 +573,7 @@ pub struct ibv_qp_ex {
     pub wr_send_inv: Option<unsafe extern "C" fn(Qx, u32)>,
     pub wr_send_tso: Slot,
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(Qx, *mut ibv_ah, u32, u32)>,
-    pub wr_set_xrc_srqn: Slot,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(Qx, u32)>,
     pub wr_set_inline_data: Option<unsafe extern "C" fn(Qx, *mut c_void, usize)>,
     pub wr_set_inline_data_list: Option<unsafe extern "C" fn(Qx, usize, *const ibv_data_buf)>,
     pub wr_set_sge: Option<unsafe extern "C" fn(Qx, u32, u64, u32)>,

@@ -227,6 +227,13 @@ fn c_ud_multicast() {
     run_c_program_with("conformance", false, &["mcast"]);
 }
 
+/// `conformance xrc`: XRC domains, XRC SRQs, initiator and target QPs, `ibv_open_qp`, and
+/// their errors.
+#[test]
+fn c_xrc() {
+    run_c_program_with("conformance", false, &["xrc"]);
+}
+
 /// `conformance awrite`: RDMA ATOMIC WRITE through `ibv_wr_atomic_write` and `ibv_post_send`,
 /// its cap, and its errors.
 #[test]

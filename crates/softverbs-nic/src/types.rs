@@ -150,8 +150,35 @@ macro_rules! verbs_enum {
 
 verbs_enum!(
     /// `enum ibv_qp_type` (the subset softverbs implements).
-    QpType { Rc = 2, Uc = 3, Ud = 4 }
+    QpType {
+        Rc = 2,
+        Uc = 3,
+        Ud = 4,
+        /// XRC initiator (`IBV_QPT_XRC_SEND`): an RC send queue whose every message names
+        /// the XRC SRQ that receives it.
+        XrcSend = 9,
+        /// XRC target (`IBV_QPT_XRC_RECV`): the responder of XRC initiators, in an XRC
+        /// domain; it has no queues, its messages land in the domain's XRC SRQs.
+        XrcRecv = 10,
+    }
 );
+
+impl QpType {
+    /// True for the transports that acknowledge, retry and report responder errors to the
+    /// requester: RC and both halves of XRC (which is RC's protocol).
+    pub fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcSend | QpType::XrcRecv)
+    }
+
+    /// The type a responder of this requester type has: XRC initiators talk to XRC
+    /// targets, every other type to its own kind.
+    pub fn responder_type(self) -> QpType {
+        match self {
+            QpType::XrcSend => QpType::XrcRecv,
+            t => t,
+        }
+    }
+}
 
 verbs_enum!(
     /// `enum ibv_qp_state`.

@@ -39,6 +39,7 @@ mod cq;
 mod device;
 mod mr;
 mod qp;
+mod xrc;
 
 pub use cq::{
     CompletionChannel, CompletionQueue, CqInitAttrEx, CreateCqFlags, Cursor, PollCqExAttr,
@@ -50,6 +51,8 @@ pub use qp::{
     AddressHandle, Endpoint, QpInitAttr, QueuePair, RecvWr, SendWr, SharedReceiveQueue, SrqAttr,
     UdTarget, WrData, address_vector,
 };
+pub use softverbs_nic::qp::xrc::XrcdOpen;
+pub use xrc::XrcDomain;
 
 pub use softverbs_nic::config::{DeviceConfig, ENV_DEVICES, Limits};
 pub use softverbs_nic::device::event::{AsyncEvent, EventElement};

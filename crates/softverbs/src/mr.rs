@@ -270,6 +270,7 @@ impl ProtectionDomain {
             inner: self
                 .inner
                 .create_srq(attr.max_wr, attr.max_sge, attr.srq_limit)?,
+            _xrc: None,
         })
     }
 

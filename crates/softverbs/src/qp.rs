@@ -26,12 +26,14 @@ pub struct QpInitAttr<'a> {
 }
 
 impl<'a> QpInitAttr<'a> {
-    /// Defaults for `qp_type`: 128 send and receive WRs, 4 SGEs each, 64 inline bytes.
+    /// Defaults for `qp_type`: 128 send and receive WRs, 4 SGEs each, 64 inline bytes (an
+    /// XRC initiator has no receive queue: 0 receive WRs and SGEs; it ignores `recv_cq`).
     pub fn new(
         qp_type: QpType,
         send_cq: &'a CompletionQueue,
         recv_cq: &'a CompletionQueue,
     ) -> Self {
+        let recv = if qp_type == QpType::XrcSend { 0 } else { 128 };
         QpInitAttr {
             qp_type,
             send_cq,
@@ -39,9 +41,9 @@ impl<'a> QpInitAttr<'a> {
             srq: None,
             cap: QpCap {
                 max_send_wr: 128,
-                max_recv_wr: 128,
+                max_recv_wr: recv,
                 max_send_sge: 4,
-                max_recv_sge: 4,
+                max_recv_sge: recv.min(4),
                 max_inline_data: 64,
             },
             sq_sig_all: false,
@@ -85,6 +87,9 @@ pub struct SendWr<'a> {
     pub flags: SendFlags,
     pub data: WrData<'a>,
     pub ud: Option<UdTarget<'a>>,
+    /// XRC initiators: the number of the XRC SRQ that receives the message
+    /// ([`SharedReceiveQueue::srq_num`]; `qp_type.xrc.remote_srqn`).
+    pub xrc_srqn: u32,
 }
 
 impl<'a> SendWr<'a> {
@@ -96,6 +101,7 @@ impl<'a> SendWr<'a> {
             flags: SendFlags::empty(),
             data: WrData::Sges(sges),
             ud: None,
+            xrc_srqn: 0,
         }
     }
     /// A request whose payload is copied at post time.
@@ -106,6 +112,7 @@ impl<'a> SendWr<'a> {
             flags: SendFlags::INLINE,
             data: WrData::Inline(bytes),
             ud: None,
+            xrc_srqn: 0,
         }
     }
     /// Adds send flags.
@@ -123,6 +130,12 @@ impl<'a> SendWr<'a> {
         self
     }
 
+    /// XRC: the message goes to XRC SRQ `srqn` of the target's domain.
+    pub fn xrc(mut self, srqn: u32) -> Self {
+        self.xrc_srqn = srqn;
+        self
+    }
+
     fn to_wqe(self) -> SendWqe<'a> {
         SendWqe {
             wr_id: self.wr_id,
@@ -137,6 +150,7 @@ impl<'a> SendWr<'a> {
                 remote_qpn: u.remote_qpn,
                 remote_qkey: u.remote_qkey,
             }),
+            xrc_srqn: self.xrc_srqn,
         }
     }
 }
@@ -252,7 +266,7 @@ impl QueuePair {
         self.inner.pd()
     }
 
-    /// Takes an RC or UC QP from RESET to RTS connected to `remote`, with the settings
+    /// Takes an RC, UC or XRC QP from RESET to RTS connected to `remote`, with the settings
     /// `ibv_rc_pingpong` uses (path MTU = port MTU, timeout 14, 7 retries, RNR timer 12):
     /// [`to_init`](Self::to_init), [`to_rtr`](Self::to_rtr), [`to_rts`](Self::to_rts) in a
     /// row. Call those one by one to post receives in INIT, before the peer can send.
@@ -300,7 +314,7 @@ impl QueuePair {
             | QpAttrMask::PATH_MTU
             | QpAttrMask::DEST_QPN
             | QpAttrMask::RQ_PSN;
-        if self.qp_type() == QpType::Rc {
+        if matches!(self.qp_type(), QpType::Rc | QpType::XrcRecv) {
             mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
         }
         self.modify(&a, mask)
@@ -319,11 +333,15 @@ impl QueuePair {
             ..QpAttr::default()
         };
         let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-        if self.qp_type() == QpType::Rc {
-            mask |= QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC;
+        match self.qp_type() {
+            QpType::Rc | QpType::XrcSend => {
+                mask |= QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC
+            }
+            QpType::XrcRecv => mask |= QpAttrMask::TIMEOUT,
+            _ => {}
         }
         self.modify(&a, mask)
     }
@@ -376,6 +394,8 @@ pub struct SrqAttr {
 #[derive(Clone)]
 pub struct SharedReceiveQueue {
     pub(crate) inner: Arc<Srq>,
+    /// An XRC SRQ's hold on its receive point, let go with the last handle.
+    pub(crate) _xrc: Option<Arc<crate::xrc::XrcSrqHold>>,
 }
 
 impl SharedReceiveQueue {
@@ -407,6 +427,11 @@ impl SharedReceiveQueue {
     /// The id async events name this SRQ by.
     pub fn id(&self) -> u32 {
         self.inner.id()
+    }
+    /// `ibv_get_srq_num`: the number XRC initiators name an XRC SRQ by
+    /// ([`SendWr::xrc`]); `None` for an SRQ that is not XRC.
+    pub fn srq_num(&self) -> Option<u32> {
+        self.inner.srq_num()
     }
 }
 

@@ -3,7 +3,8 @@
 //! This module holds the C objects' wrappers and the registries every area shares; the
 //! calls are in one file per area: `device` (listing, opening, queries, GIDs), `mr`, `mw`, `cq`,
 //! `qp`, `post` (the data path of `ibv_context::ops`), `qp_ex` (the `ibv_wr_*` API), `ah`,
-//! `srq`, `events` (asynchronous events) and `strings`.
+//! `srq`, `xrc` (XRC domains, XRC SRQs and target QPs), `events` (asynchronous events) and
+//! `strings`.
 
 use crate::abi::*;
 use crate::set_errno;
@@ -202,6 +203,9 @@ struct SvQp {
     batch: Mutex<Batch>,
     nic: Arc<Qp>,
     reg: Arc<Registry>,
+    /// A second handle to an XRC target QP (`ibv_open_qp`): destroying it lets go of the
+    /// handle only; the QP is its creator's.
+    opened: bool,
 }
 
 impl SvContext {
@@ -345,6 +349,7 @@ mod qp;
 mod qp_ex;
 mod srq;
 mod strings;
+mod xrc;
 
 use cq::*;
 use post::*;

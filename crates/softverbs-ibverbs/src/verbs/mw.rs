@@ -140,6 +140,7 @@ pub(super) unsafe extern "C" fn bind_mw(
         flags: SendFlags::from_bits_retain(b.send_flags),
         payload: Payload::Sges(Cow::Owned(Vec::new())),
         ud: None,
+        xrc_srqn: 0,
     };
     // SAFETY: a QP of ours.
     let sv = unsafe { &*(qp as *const SvQp) };

@@ -114,6 +114,7 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'s
             flags,
             payload: Payload::Sges(Cow::Owned(Vec::new())),
             ud: None,
+            xrc_srqn: 0,
         });
     }
     // SAFETY: the caller's SGE list.
@@ -146,6 +147,7 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'s
         flags,
         payload,
         ud: None,
+        xrc_srqn: 0,
     })
 }
 
@@ -169,6 +171,9 @@ pub(super) unsafe extern "C" fn post_send(
         let w = unsafe { &*cur };
         // SAFETY: as above.
         let conv = unsafe { send_wqe(w, &cap) }.and_then(|mut q| {
+            if sv.nic.qp_type() == QpType::XrcSend {
+                q.xrc_srqn = w.qp_type;
+            }
             if sv.nic.qp_type() == QpType::Ud {
                 // SAFETY: a UD WR's `wr.ud` names an address handle of ours (or NULL).
                 let ud = unsafe { w.wr.ud };

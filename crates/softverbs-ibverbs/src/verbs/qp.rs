@@ -16,6 +16,14 @@ pub unsafe extern "C" fn sv_ibv_create_qp(
         set_errno(libc::EOPNOTSUPP);
         return null_mut();
     };
+    if qp_type == QpType::XrcRecv {
+        // A target QP is made in an XRC domain (`ibv_create_qp_ex` with IBV_QP_INIT_ATTR_XRCD).
+        return inval();
+    }
+    // An XRC initiator has no receive side: its receive CQ may be NULL.
+    if qp_type == QpType::XrcSend && ia.recv_cq.is_null() {
+        ia.recv_cq = ia.send_cq;
+    }
     if ia.send_cq.is_null() || ia.recv_cq.is_null() {
         return inval();
     }
@@ -48,32 +56,76 @@ pub unsafe extern "C" fn sv_ibv_create_qp(
         Err(e) => return null(e),
     };
     ia.cap = cap_out(nic.cap());
-    let qp = ibv_qp {
-        // SAFETY: a PD of ours.
-        context: unsafe { (*pd).context },
-        qp_context: ia.qp_context,
+    // SAFETY: a PD of ours.
+    let context = unsafe { (*pd).context };
+    let ptrs = QpPtrs {
         pd,
         send_cq: ia.send_cq,
         recv_cq: ia.recv_cq,
         srq: ia.srq,
+    };
+    // SAFETY: a context of ours, open.
+    unsafe { wrap_qp(context, ptrs, ia.qp_context, nic, false) }
+}
+
+/// The objects an `ibv_qp` names (NULL where the QP has none: an XRC target's).
+pub(super) struct QpPtrs {
+    pub(super) pd: *mut ibv_pd,
+    pub(super) send_cq: *mut ibv_cq,
+    pub(super) recv_cq: *mut ibv_cq,
+    pub(super) srq: *mut ibv_srq,
+}
+
+impl QpPtrs {
+    /// An XRC target's: it has no PD, CQs or SRQ of its own.
+    pub(super) const NONE: QpPtrs = QpPtrs {
+        pd: null_mut(),
+        send_cq: null_mut(),
+        recv_cq: null_mut(),
+        srq: null_mut(),
+    };
+}
+
+/// Hands QP `nic` to C as an `ibv_qp` of `context`; `opened`: a second handle
+/// (`ibv_open_qp`), which async events do not name.
+///
+/// # Safety
+/// `context` must be an open context of this library.
+pub(super) unsafe fn wrap_qp(
+    context: *mut ibv_context,
+    p: QpPtrs,
+    qp_context: *mut c_void,
+    nic: Arc<Qp>,
+    opened: bool,
+) -> *mut ibv_qp {
+    let qp = ibv_qp {
+        context,
+        qp_context,
+        pd: p.pd,
+        send_cq: p.send_cq,
+        recv_cq: p.recv_cq,
+        srq: p.srq,
         handle: nic.qpn(),
         qp_num: nic.qpn(),
-        state: QpState::Reset as c_int,
-        qp_type: ia.qp_type,
+        state: nic.state() as c_int,
+        qp_type: nic.qp_type() as c_int,
         mutex: Default::default(),
         cond: Default::default(),
         events_completed: 0,
     };
     let qpn = nic.qpn();
-    // SAFETY: a PD of ours, whose context is open.
-    let reg = unsafe { ctx_of((*pd).context) }.reg.clone();
+    // SAFETY: the caller's open context.
+    let reg = unsafe { ctx_of(context) }.reg.clone();
     let b = Box::into_raw(Box::new(SvQp {
         qpx: qp_ex(qp),
         batch: Mutex::new(Batch::default()),
         nic,
         reg: reg.clone(),
+        opened,
     }));
-    Registry::set(&reg.qps, qpn, b as usize);
+    if !opened {
+        Registry::set(&reg.qps, qpn, b as usize);
+    }
     b as *mut ibv_qp
 }
 
@@ -97,8 +149,11 @@ pub unsafe extern "C" fn sv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // As the kernel's uverbs: detach it from its multicast groups first.
         return libc::EBUSY;
     }
-    // SAFETY: `qp` came from `sv_ibv_create_qp` (Box::into_raw of an SvQp).
+    // SAFETY: `qp` came from `wrap_qp` (Box::into_raw of an SvQp).
     let b = unsafe { Box::from_raw(qp as *mut SvQp) };
+    if b.opened {
+        return 0;
+    }
     Registry::set(&b.reg.qps, b.nic.qpn(), 0);
     // Its CQs, SRQ and PD are free to go now, even if the NIC still holds it a moment.
     b.nic.release_uses();

@@ -4,6 +4,8 @@ use super::*;
 
 /// `IBV_QP_INIT_ATTR_PD`, `..._CREATE_FLAGS` and `..._SEND_OPS_FLAGS`.
 const QP_INIT_PD: u32 = 1;
+/// `IBV_QP_INIT_ATTR_XRCD`.
+const QP_INIT_XRCD: u32 = 1 << 1;
 const QP_INIT_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// `IBV_QP_EX_WITH_RDMA_WRITE` … `IBV_QP_EX_WITH_SEND_WITH_INV` and
@@ -35,7 +37,7 @@ pub(super) fn qp_ex(qp_base: ibv_qp) -> ibv_qp_ex {
         wr_send_inv: Some(wr_send_inv),
         wr_send_tso: None,
         wr_set_ud_addr: Some(wr_set_ud_addr),
-        wr_set_xrc_srqn: None,
+        wr_set_xrc_srqn: Some(wr_set_xrc_srqn),
         wr_set_inline_data: Some(wr_set_inline_data),
         wr_set_inline_data_list: Some(wr_set_inline_data_list),
         wr_set_sge: Some(wr_set_sge),
@@ -57,7 +59,14 @@ pub(super) unsafe extern "C" fn create_qp_ex(
     }
     // SAFETY: the caller's attributes.
     let a = unsafe { &mut *attr };
-    let known = QP_INIT_PD | QP_INIT_CREATE_FLAGS | QP_INIT_SEND_OPS_FLAGS;
+    let known = QP_INIT_PD | QP_INIT_XRCD | QP_INIT_CREATE_FLAGS | QP_INIT_SEND_OPS_FLAGS;
+    if a.qp_type == QpType::XrcRecv as c_int {
+        if a.comp_mask & QP_INIT_XRCD == 0 || a.xrcd.is_null() {
+            return inval();
+        }
+        // SAFETY: the caller's attributes, with an XRC domain of ours.
+        return unsafe { super::xrc::create_target_qp(ctx, a) };
+    }
     if a.comp_mask & QP_INIT_PD == 0 || a.pd.is_null() {
         return inval();
     }
@@ -103,6 +112,7 @@ unsafe fn begin(qp: *mut ibv_qp_ex, op: SendOp) {
         flags: SendFlags::from_bits_retain(sv.qpx.wr_flags),
         payload: Payload::Sges(Cow::Owned(Vec::new())),
         ud: None,
+        xrc_srqn: 0,
     };
     b.wqes.push(wqe);
 }
@@ -345,6 +355,12 @@ unsafe extern "C" fn wr_set_inline_data_list(
     }
     // SAFETY: the caller's QP.
     unsafe { last(qp, |w| w.payload = Payload::Inline(Cow::Owned(bytes))) }
+}
+
+/// `ibv_wr_set_xrc_srqn`: the XRC SRQ the work request being built goes to.
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, remote_srqn: u32) {
+    // SAFETY: the caller's QP.
+    unsafe { last(qp, |w| w.xrc_srqn = remote_srqn) }
 }
 
 unsafe extern "C" fn wr_set_ud_addr(

@@ -15,35 +15,53 @@ pub unsafe extern "C" fn sv_ibv_create_srq(
     let a = ia.attr;
     match sv.nic.create_srq(a.max_wr, a.max_sge, a.srq_limit) {
         Ok(nic) => {
-            let (max_wr, max_sge, srq_limit) = nic.attr();
-            ia.attr = ibv_srq_attr {
-                max_wr,
-                max_sge,
-                srq_limit,
-            };
-            let srq = ibv_srq {
-                // SAFETY: a PD of ours.
-                context: unsafe { (*pd).context },
-                srq_context: ia.srq_context,
-                pd,
-                handle: nic.id(),
-                mutex: Default::default(),
-                cond: Default::default(),
-                events_completed: 0,
-            };
-            let id = nic.id();
+            ia.attr = attr_out(&nic);
             // SAFETY: a PD of ours, whose context is open.
-            let reg = unsafe { ctx_of((*pd).context) }.reg.clone();
-            let b = Box::into_raw(Box::new(SvSrq {
-                srq,
-                nic,
-                reg: reg.clone(),
-            }));
-            Registry::set(&reg.srqs, id, b as usize);
-            b as *mut ibv_srq
+            unsafe { wrap_srq((*pd).context, pd, ia.srq_context, nic) }
         }
         Err(e) => null(e),
     }
+}
+
+/// `ibv_query_srq`'s view of `nic`.
+pub(super) fn attr_out(nic: &softverbs_nic::qp::rq::Srq) -> ibv_srq_attr {
+    let (max_wr, max_sge, srq_limit) = nic.attr();
+    ibv_srq_attr {
+        max_wr,
+        max_sge,
+        srq_limit,
+    }
+}
+
+/// Hands SRQ `nic` of `pd` to C as an `ibv_srq` of `context`.
+///
+/// # Safety
+/// `context` must be an open context of this library.
+pub(super) unsafe fn wrap_srq(
+    context: *mut ibv_context,
+    pd: *mut ibv_pd,
+    srq_context: *mut c_void,
+    nic: Arc<softverbs_nic::qp::rq::Srq>,
+) -> *mut ibv_srq {
+    let id = nic.id();
+    let srq = ibv_srq {
+        context,
+        srq_context,
+        pd,
+        handle: id,
+        mutex: Default::default(),
+        cond: Default::default(),
+        events_completed: 0,
+    };
+    // SAFETY: the caller's open context.
+    let reg = unsafe { ctx_of(context) }.reg.clone();
+    let b = Box::into_raw(Box::new(SvSrq {
+        srq,
+        nic,
+        reg: reg.clone(),
+    }));
+    Registry::set(&reg.srqs, id, b as usize);
+    b as *mut ibv_srq
 }
 
 #[unsafe(no_mangle)]
@@ -51,16 +69,8 @@ pub unsafe extern "C" fn sv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_
     if srq.is_null() || attr.is_null() {
         return EINVAL;
     }
-    // SAFETY: an SRQ of ours.
-    let (max_wr, max_sge, srq_limit) = unsafe { &*(srq as *const SvSrq) }.nic.attr();
-    // SAFETY: the caller's writable struct.
-    unsafe {
-        attr.write(ibv_srq_attr {
-            max_wr,
-            max_sge,
-            srq_limit,
-        })
-    };
+    // SAFETY: an SRQ of ours, and the caller's writable struct.
+    unsafe { attr.write(attr_out(&(*(srq as *const SvSrq)).nic)) };
     0
 }
 

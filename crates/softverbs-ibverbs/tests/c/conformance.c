@@ -15,7 +15,7 @@
  *          have, and out-of-range sizes: NULL with EINVAL; every vector it has works.
  *   query  ibv_query_device / _ex / ibv_query_port / ibv_query_gid / ibv_query_pkey: non-zero
  *          vendor and part ids, the _ex call's orig_attr the same as the plain one, no
- *          capability advertised that is not implemented (XRC, type-2A windows),
+ *          capability advertised that is not implemented (type-2A windows),
  *          the CM supported on the port, bad port, GID and P_Key indexes refused.
  *   odp    on-demand paging: the caps; RDMA WRITE and READ into memory never touched, through
  *          an explicit region and an implicit one over the whole address space (also an
@@ -46,6 +46,18 @@
  *          reaches the attached QPs only, with the group as the GRH's destination;
  *          attaching twice is 0; a non-multicast GID, a QP that is not UD and detaching what
  *          is not attached are EINVAL; ibv_destroy_qp of an attached QP is EBUSY.
+ *   xrc    XRC: the cap; ibv_open_xrcd by file (O_CREAT; O_EXCL on an existing domain and a
+ *          mask without IBV_XRCD_INIT_ATTR_OFLAGS are EINVAL), two XRC SRQs
+ *          (ibv_create_srq_ex) with their numbers (ibv_get_srq_num), an IBV_QPT_XRC_SEND
+ *          initiator without a receive CQ and an IBV_QPT_XRC_RECV target
+ *          (ibv_create_qp_ex with IBV_QP_INIT_ATTR_XRCD) connected with the kernel's masks
+ *          (an initiator's RTR refuses IBV_QP_MIN_RNR_TIMER): a SEND through
+ *          ibv_post_send (qp_type.xrc.remote_srqn) and one through ibv_wr_set_xrc_srqn land
+ *          in the SRQ each names, completing with the target's QP number; an RDMA WRITE
+ *          lands with a key of the SRQ's PD; ibv_open_qp gives the target by number; an SRQ
+ *          number outside the domain is IBV_WC_REM_INV_REQ_ERR; receives on XRC QPs and
+ *          an XRC_RECV QP from ibv_create_qp are EINVAL; ibv_close_xrcd and destroying the
+ *          SRQ's CQ are EBUSY while the domain's objects live, then every destroy succeeds.
  *   events the asynchronous events errors raise: IBV_EVENT_QP_REQ_ERR on a responder whose QP
  *          refuses a WRITE it does not allow, IBV_EVENT_QP_LAST_WQE_REACHED on an SRQ's QP
  *          moved to the error state, IBV_EVENT_CQ_ERR on a CQ that overflows; each names its
@@ -71,6 +83,7 @@
  *
  * Prints "ok" at the end; any failed CHECK exits 1 with the line. */
 #include "common.h"
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -321,11 +334,12 @@ static void family_query(struct ibv_context *ctx) {
     CHECK(ibv_query_device(ctx, &a) == 0);
     CHECK(a.vendor_id != 0 && a.vendor_part_id != 0 && a.phys_port_cnt == 1);
     CHECK(a.max_qp > 0 && a.max_cq > 0 && a.max_mr > 0 && a.max_pd > 0 && a.max_sge > 0);
-    /* Not implemented, so not advertised: type-2A windows, XRC, fast-register regions.
-     * Windows of type 1 and 2B and multicast are (the mw and mcast families use them). */
+    /* Not implemented, so not advertised: type-2A windows, fast-register regions. Windows
+     * of type 1 and 2B, multicast and XRC are (the mw, mcast and xrc families use them). */
     CHECK(a.max_mcast_grp > 0 && a.max_mcast_qp_attach > 0);
-    CHECK((a.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_XRC |
-                                 IBV_DEVICE_MEM_MGT_EXTENSIONS)) == 0);
+    CHECK((a.device_cap_flags &
+           (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_MGT_EXTENSIONS)) == 0);
+    CHECK(a.device_cap_flags & IBV_DEVICE_XRC);
     CHECK((a.device_cap_flags & IBV_DEVICE_MEM_WINDOW) && a.max_mw > 0);
     struct ibv_device_attr_ex x;
     memset(&x, 0xa5, sizeof x);
@@ -1445,6 +1459,217 @@ static void family_fork(struct ibv_context *ctx) {
     free(target);
 }
 
+/* An XRC initiator or target through INIT and RTR (and RTS for the initiator), with the
+ * kernel's masks for each. */
+static void xrc_connect(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
+    int ini = qp->qp_type == IBV_QPT_XRC_SEND;
+    struct ibv_qp_attr a = {0};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                    IBV_QP_ACCESS_FLAGS) == 0);
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = dest;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr = ah_to(gid);
+    int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+    if (ini) /* an initiator receives nothing: no RNR timer, no responder resources */
+        CHECK(ibv_modify_qp(qp, &a, rtr | IBV_QP_MIN_RNR_TIMER) == EINVAL);
+    else
+        rtr |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    CHECK(ibv_modify_qp(qp, &a, rtr) == 0);
+    if (!ini)
+        return;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 1;
+    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                    IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+}
+
+static struct ibv_srq *xrc_srq(struct ibv_context *ctx, struct ibv_pd *pd,
+                               struct ibv_xrcd *xrcd, struct ibv_cq *cq) {
+    struct ibv_srq_init_attr_ex s = {0};
+    s.attr.max_wr = 8;
+    s.attr.max_sge = 1;
+    s.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+                  IBV_SRQ_INIT_ATTR_CQ;
+    s.srq_type = IBV_SRQT_XRC;
+    s.pd = pd;
+    s.xrcd = xrcd;
+    s.cq = cq;
+    return ibv_create_srq_ex(ctx, &s);
+}
+
+static void family_xrc(struct ibv_context *ctx) {
+    struct ibv_device_attr da;
+    CHECK(ibv_query_device(ctx, &da) == 0);
+    CHECK(da.device_cap_flags & IBV_DEVICE_XRC);
+    char path[] = "/tmp/softverbs-xrcd-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    struct ibv_xrcd_init_attr xa = {0};
+    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD;
+    xa.fd = fd;
+    errno = 0;
+    CHECK(!ibv_open_xrcd(ctx, &xa) && errno == EINVAL); /* no OFLAGS in the mask */
+    xa.comp_mask |= IBV_XRCD_INIT_ATTR_OFLAGS;
+    xa.oflags = 0;
+    errno = 0;
+    CHECK(!ibv_open_xrcd(ctx, &xa) && errno == EINVAL); /* none yet, and no O_CREAT */
+    xa.oflags = O_CREAT;
+    struct ibv_xrcd *xrcd = ibv_open_xrcd(ctx, &xa);
+    CHECK(xrcd && xrcd->context == ctx);
+    xa.oflags = O_CREAT | O_EXCL;
+    errno = 0;
+    CHECK(!ibv_open_xrcd(ctx, &xa) && errno == EINVAL);
+    xa.fd = -1; /* a domain of this process alone */
+    xa.oflags = O_CREAT;
+    struct ibv_xrcd *other = ibv_open_xrcd(ctx, &xa);
+    CHECK(other);
+
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *scq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    struct ibv_cq *rcq[2] = {ibv_create_cq(ctx, 16, NULL, NULL, 0),
+                             ibv_create_cq(ctx, 16, NULL, NULL, 0)};
+    CHECK(pd && scq && rcq[0] && rcq[1]);
+    struct ibv_srq *srq[2] = {xrc_srq(ctx, pd, xrcd, rcq[0]), xrc_srq(ctx, pd, xrcd, rcq[1])};
+    struct ibv_srq *foreign = xrc_srq(ctx, pd, other, rcq[0]);
+    CHECK(srq[0] && srq[1] && foreign);
+    uint32_t num[2], fnum;
+    CHECK(ibv_get_srq_num(srq[0], &num[0]) == 0 && ibv_get_srq_num(srq[1], &num[1]) == 0);
+    CHECK(ibv_get_srq_num(foreign, &fnum) == 0);
+    CHECK(num[0] != num[1] && fnum != num[0] && fnum != num[1]);
+    char *buf = calloc(1, 4096);
+    struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE |
+                                                       IBV_ACCESS_REMOTE_WRITE);
+    CHECK(buf && mr);
+    for (int i = 0; i < 2; i++) {
+        struct ibv_sge s = {(uintptr_t)buf + 256 * (uint64_t)i, 256, mr->lkey};
+        struct ibv_recv_wr r = {0}, *rb = NULL;
+        r.wr_id = 10 + (uint64_t)i;
+        r.sg_list = &s;
+        r.num_sge = 1;
+        CHECK(ibv_post_srq_recv(srq[i], &r, &rb) == 0);
+    }
+
+    struct ibv_qp_init_attr_ex ia = {0};
+    ia.qp_type = IBV_QPT_XRC_SEND;
+    ia.send_cq = scq;
+    ia.cap.max_send_wr = 8;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_inline_data = 64;
+    ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ia.pd = pd;
+    ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+    struct ibv_qp *ini = ibv_create_qp_ex(ctx, &ia);
+    CHECK(ini && ini->qp_type == IBV_QPT_XRC_SEND && ia.cap.max_recv_wr == 0);
+    struct ibv_qp_init_attr_ex ta = {0};
+    ta.qp_type = IBV_QPT_XRC_RECV;
+    ta.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+    ta.xrcd = xrcd;
+    struct ibv_qp *tgt = ibv_create_qp_ex(ctx, &ta);
+    CHECK(tgt && tgt->qp_type == IBV_QPT_XRC_RECV);
+    struct ibv_qp_init_attr plain = {0};
+    plain.qp_type = IBV_QPT_XRC_RECV;
+    plain.send_cq = plain.recv_cq = scq;
+    errno = 0;
+    CHECK(!ibv_create_qp(pd, &plain) && errno == EINVAL); /* a target needs its domain */
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    xrc_connect(tgt, ini->qp_num, &gid);
+    xrc_connect(ini, tgt->qp_num, &gid);
+
+    struct ibv_qp_open_attr oa = {0};
+    oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+    oa.qp_num = tgt->qp_num;
+    oa.xrcd = xrcd;
+    oa.qp_type = IBV_QPT_XRC_RECV;
+    struct ibv_qp *opened = ibv_open_qp(ctx, &oa);
+    CHECK(opened && opened->qp_num == tgt->qp_num);
+    struct ibv_qp_attr qa;
+    struct ibv_qp_init_attr qi;
+    CHECK(ibv_query_qp(opened, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_RTR);
+    CHECK(ibv_destroy_qp(opened) == 0); /* the handle; the target stays */
+    oa.xrcd = other;
+    errno = 0;
+    CHECK(!ibv_open_qp(ctx, &oa) && errno == EINVAL); /* not in that domain */
+
+    struct ibv_recv_wr r = {0}, *rb = NULL;
+    CHECK(ibv_post_recv(ini, &r, &rb) == EINVAL);
+
+    /* SRQ 1 through ibv_post_send, SRQ 0 through the ibv_wr_* API. */
+    struct ibv_sge in = {(uintptr_t)"to srq one", 10, 0};
+    struct ibv_send_wr w = {0};
+    w.wr_id = 1;
+    w.sg_list = &in;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_INLINE;
+    w.qp_type.xrc.remote_srqn = num[1];
+    post(ini, &w);
+    struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(ini);
+    ibv_wr_start(qx);
+    qx->wr_id = 2;
+    qx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    ibv_wr_send(qx);
+    ibv_wr_set_xrc_srqn(qx, num[0]);
+    ibv_wr_set_inline_data(qx, "to srq zero", 11);
+    CHECK(ibv_wr_complete(qx) == 0);
+    for (int i = 0; i < 2; i++)
+        CHECK(poll1(scq).status == IBV_WC_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        struct ibv_wc wc = poll1(rcq[i]);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV);
+        CHECK(wc.wr_id == 10 + (uint64_t)i && wc.qp_num == tgt->qp_num &&
+              wc.src_qp == ini->qp_num);
+    }
+    CHECK(!memcmp(buf, "to srq zero", 11) && !memcmp(buf + 256, "to srq one", 10));
+
+    /* An RDMA WRITE with a key of the SRQ's PD. */
+    w.wr_id = 3;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.wr.rdma.remote_addr = (uintptr_t)buf + 1024;
+    w.wr.rdma.rkey = mr->rkey;
+    w.qp_type.xrc.remote_srqn = num[0];
+    post(ini, &w);
+    CHECK(poll1(scq).status == IBV_WC_SUCCESS);
+    CHECK(!memcmp(buf + 1024, "to srq one", 10));
+
+    /* The busy rules, while the domain's objects live. */
+    CHECK(ibv_close_xrcd(xrcd) == EBUSY);
+    CHECK(ibv_destroy_cq(rcq[1]) == EBUSY);
+
+    /* An SRQ of another domain: an invalid request, and the target goes to ERR. */
+    w.wr_id = 4;
+    w.opcode = IBV_WR_SEND;
+    w.qp_type.xrc.remote_srqn = fnum;
+    post(ini, &w);
+    CHECK(poll1(scq).status == IBV_WC_REM_INV_REQ_ERR);
+    CHECK(ibv_query_qp(tgt, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_ERR);
+
+    CHECK(ibv_destroy_qp(ini) == 0 && ibv_destroy_qp(tgt) == 0);
+    for (int i = 0; i < 2; i++)
+        CHECK(ibv_destroy_srq(srq[i]) == 0);
+    CHECK(ibv_destroy_srq(foreign) == 0);
+    CHECK(ibv_close_xrcd(xrcd) == 0 && ibv_close_xrcd(other) == 0);
+    CHECK(ibv_dereg_mr(mr) == 0);
+    for (int i = 0; i < 2; i++)
+        CHECK(ibv_destroy_cq(rcq[i]) == 0);
+    CHECK(ibv_destroy_cq(scq) == 0 && ibv_dealloc_pd(pd) == 0);
+    free(buf);
+    close(fd);
+    unlink(path);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2);
     struct ibv_context *ctx = open_first_device();
@@ -1482,6 +1707,8 @@ int main(int argc, char **argv) {
         family_mw(ctx);
     else if (!strcmp(argv[1], "mcast"))
         family_mcast(ctx);
+    else if (!strcmp(argv[1], "xrc"))
+        family_xrc(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);

@@ -123,6 +123,9 @@ pub mod cap_flags {
     pub const MEM_WINDOW: u32 = 1 << 17;
     /// Type-2B memory windows (bound to the QP that binds them).
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+    /// XRC domains, SRQs and QPs (`IBV_DEVICE_XRC`): same-host devices only, as RoCE's
+    /// XRC transport is not implemented for networked ones.
+    pub const XRC: u32 = 1 << 20;
 }
 
 /// `struct ibv_port_attr`.
@@ -177,7 +180,12 @@ impl Device {
                 | cap_flags::SYS_IMAGE_GUID
                 | cap_flags::RC_RNR_NAK_GEN
                 | cap_flags::MEM_WINDOW
-                | cap_flags::MEM_WINDOW_TYPE_2B,
+                | cap_flags::MEM_WINDOW_TYPE_2B
+                | if self.config.net.is_none() {
+                    cap_flags::XRC
+                } else {
+                    0
+                },
             max_sge: l.max_sge,
             max_sge_rd: l.max_sge,
             max_cq: l.max_cq,

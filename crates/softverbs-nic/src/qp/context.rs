@@ -13,7 +13,7 @@ use crate::types::{QpState, QpType};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 const CTX_MAGIC: u32 = 0x5150_4358; // "QPCX"
-const CTX_VERSION: u32 = 2;
+const CTX_VERSION: u32 = 3;
 /// `state` value of a destroyed QP: peers holding a mapping must stop using it.
 pub(crate) const DESTROYED: u32 = 0xdead;
 
@@ -46,7 +46,22 @@ pub(crate) struct QpCtx {
     pub(crate) send_cq: Export,
     pub(crate) send_chan: Export,
     pub(crate) sq_done: AtomicU32,
+    /// XRC: what this QP is in its domain ([`XrcRole`] as a number; 0: not XRC), and the
+    /// domain's identity ([`crate::qp::xrc::XrcdId`]), which a requester compares between a
+    /// target QP and the SRQ a message names.
+    pub(crate) xrc_role: AtomicU32,
+    pub(crate) xrcd: [AtomicU32; 4],
     _pad: AtomicU32,
+}
+
+/// What an XRC QP context stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum XrcRole {
+    /// An XRC target QP (`IBV_QPT_XRC_RECV`).
+    Target = 1,
+    /// The receive point of an XRC SRQ: the SRQ's number is this context's QP number.
+    Srq = 2,
 }
 
 // SAFETY: repr(C), atomics only, valid when zero.
@@ -61,6 +76,30 @@ impl QpCtx {
         self.owner_pid.store(std::process::id(), Ordering::Relaxed);
         self.version.store(CTX_VERSION, Ordering::Relaxed);
         self.magic.store(CTX_MAGIC, Ordering::Release);
+    }
+
+    /// Marks the context as XRC `role` in domain `id`.
+    pub(crate) fn set_xrc(&self, role: XrcRole, id: [u32; 4]) {
+        for (w, v) in self.xrcd.iter().zip(id) {
+            w.store(v, Ordering::Relaxed);
+        }
+        self.xrc_role.store(role as u32, Ordering::Release);
+    }
+
+    /// True if the context is XRC `role` in domain `id`.
+    pub(crate) fn is_xrc(&self, role: XrcRole, id: [u32; 4]) -> bool {
+        self.xrc_role.load(Ordering::Acquire) == role as u32
+            && self
+                .xrcd
+                .iter()
+                .zip(id)
+                .all(|(w, v)| w.load(Ordering::Relaxed) == v)
+    }
+
+    /// The XRC domain of a context marked `role`.
+    pub(crate) fn xrc_domain(&self, role: XrcRole) -> Option<[u32; 4]> {
+        (self.xrc_role.load(Ordering::Acquire) == role as u32)
+            .then(|| std::array::from_fn(|i| self.xrcd[i].load(Ordering::Relaxed)))
     }
 
     /// Moves the QP to ERR unless it is in ERR or RESET already, or destroyed: the one state

@@ -15,6 +15,7 @@ pub mod rq;
 mod send;
 mod state;
 pub mod wr;
+pub mod xrc;
 
 pub use attr::{QpAttr, QpCap, QpInit};
 pub use send::PostError;
@@ -80,7 +81,32 @@ impl Pd {
 
 impl Qp {
     pub(crate) fn new(pd: &Arc<Pd>, init: QpInit) -> Result<Arc<Qp>> {
+        match init.qp_type {
+            QpType::XrcRecv => {
+                return Err(inval(
+                    "an XRC target QP is created in an XRC domain (Xrcd::create_qp)",
+                ));
+            }
+            QpType::XrcSend if init.srq.is_some() || init.cap.max_recv_wr > 0 => {
+                return Err(inval("an XRC initiator QP has no receive queue"));
+            }
+            _ => {}
+        }
+        Qp::create(pd, init, None)
+    }
+
+    /// Creates a QP; `xrc`: an XRC target or SRQ receive point of that domain.
+    pub(crate) fn create(
+        pd: &Arc<Pd>,
+        init: QpInit,
+        xrc: Option<(context::XrcRole, [u32; 4])>,
+    ) -> Result<Arc<Qp>> {
         let dev = pd.ctx.dev.clone();
+        if matches!(init.qp_type, QpType::XrcSend | QpType::XrcRecv) && dev.config.net.is_some() {
+            return Err(Error::Unsupported(
+                "XRC on a networked device (RoCE's XRC transport is not implemented)".into(),
+            ));
+        }
         let l = &dev.config.limits;
         let c = init.cap;
         let check = |what: &str, v: u32, max: u32| {
@@ -116,12 +142,21 @@ impl Qp {
             Some(_) => None,
             None => Some(RecvQueue::new(c.max_recv_wr.max(1), c.max_recv_sge.max(1))?),
         };
-        let cap = QpCap {
-            max_send_wr: c.max_send_wr.max(1).next_power_of_two(),
-            max_recv_wr: rq.as_ref().map_or(0, RecvQueue::capacity),
-            max_send_sge: c.max_send_sge.max(1),
-            max_recv_sge: rq.as_ref().map_or(0, RecvQueue::max_sge),
-            max_inline_data: c.max_inline_data,
+        // XRC QPs receive into SRQs alone (a target keeps a one-slot queue nobody posts to, as
+        // every published context names one), and a target sends nothing.
+        let own_rq = rq
+            .as_ref()
+            .filter(|_| !matches!(init.qp_type, QpType::XrcSend | QpType::XrcRecv));
+        let cap = if init.qp_type == QpType::XrcRecv {
+            QpCap::default()
+        } else {
+            QpCap {
+                max_send_wr: c.max_send_wr.max(1).next_power_of_two(),
+                max_recv_wr: own_rq.map_or(0, RecvQueue::capacity),
+                max_send_sge: c.max_send_sge.max(1),
+                max_recv_sge: own_rq.map_or(0, RecvQueue::max_sge),
+                max_inline_data: c.max_inline_data,
+            }
         };
         let ctx = Arc::new(Segment::create(
             "softverbs-qp",
@@ -131,6 +166,9 @@ impl Qp {
         let c: &QpCtx = ctx.at(0);
         let recv_pd = init.srq.as_ref().map_or(pd.id, |s| s.pd);
         c.init(qpn, init.qp_type, pd.id, recv_pd);
+        if let Some((role, id)) = xrc {
+            c.set_xrc(role, id);
+        }
         let export = |e: &Export, seg: &Segment| e.set(seg.fd().as_raw_fd(), seg.inode());
         match (&init.srq, &rq) {
             (Some(srq), _) => {
@@ -221,6 +259,11 @@ impl Qp {
     /// as a user now, although the device's progress thread may still hold it for a moment.
     pub fn release_uses(&self) {
         self.uses.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Counts `u` as held by the QP until it is destroyed.
+    pub(crate) fn hold(&self, u: crate::device::InUse) {
+        self.uses.lock().unwrap_or_else(|e| e.into_inner()).push(u);
     }
 
     /// The queue sizes as created (rounded up).
@@ -518,6 +561,9 @@ impl Qp {
 
     /// `ibv_post_recv` for one WR.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        if matches!(self.qp_type, QpType::XrcSend | QpType::XrcRecv) {
+            return Err(inval("an XRC QP has no receive queue; post to an XRC SRQ"));
+        }
         let rq = self
             .rq
             .as_ref()

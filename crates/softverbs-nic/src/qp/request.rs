@@ -100,6 +100,18 @@ pub(crate) trait Deliver {
     /// Carries `req` to `to` and brings back the answer.
     fn deliver(&self, to: &Self::Target, req: &Request<'_>) -> Response;
 
+    /// XRC: carries `req` through target QP `tgt` (what [`responder`](Self::responder) found,
+    /// on `dev`) to the XRC SRQ `srqn` of the target's domain, and brings back the answer. No
+    /// such SRQ in that domain is the target's invalid request; a `tgt` that is no XRC
+    /// target answers nothing ([`Response::Dropped`]).
+    fn deliver_xrc(
+        &self,
+        tgt: &Self::Target,
+        dev: &Weak<Device>,
+        srqn: u32,
+        req: &Request<'_>,
+    ) -> Response;
+
     /// The QP is going away: the transport may let go of what it kept for its connections.
     fn release(&self);
 

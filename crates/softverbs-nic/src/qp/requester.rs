@@ -44,7 +44,10 @@ impl Qp {
             return self.lost(local.len);
         }
         let req = self.request(w, &local, st.attr.ah_attr.sl, None);
-        let response = self.deliver(&target, &req);
+        let response = match self.qp_type {
+            QpType::XrcSend => self.deliver_xrc(&target, &st.peer_dev, w.xrc_srqn, &req),
+            _ => self.deliver(&target, &req),
+        };
         self.outcome(response, &local)
     }
 
@@ -165,7 +168,7 @@ impl Qp {
     /// complete successfully, as their packets are simply lost.
     fn lost(&self, len: u64) -> Outcome {
         match self.qp_type {
-            QpType::Rc => Outcome::NoAck,
+            t if t.is_reliable() => Outcome::NoAck,
             _ => Outcome::Done(WcStatus::Success, len as u32),
         }
     }

@@ -117,7 +117,7 @@ impl Responder for Qp {
 /// Executes `req` at `target`: the checks, the bytes, the receive completion, the error
 /// state. What comes back is all the requester learns.
 pub(crate) fn respond<R: Responder>(target: &R, req: &Request<'_>) -> Response {
-    if target.qp_type() != req.qp_type || !target.receiving() {
+    if target.qp_type() != req.qp_type.responder_type() || !target.receiving() {
         return Response::Dropped;
     }
     if let Some(ud) = &req.datagram {
@@ -187,6 +187,15 @@ pub(crate) fn respond<R: Responder>(target: &R, req: &Request<'_>) -> Response {
     }
 }
 
+/// XRC: a message naming an SRQ that is not in its target's domain is an invalid request
+/// of the target's (which goes to ERR).
+pub(crate) fn invalid_request<R: Responder>(target: &R, req: &Request<'_>) -> Response {
+    if target.qp_type() != req.qp_type.responder_type() || !target.receiving() {
+        return Response::Dropped;
+    }
+    error(target, req, WcStatus::RemInvReqErr, REQ_ERR)
+}
+
 /// An error at the responder: RC reports `status` to the requester and moves the responder
 /// to ERR with `event`; UC drops the message silently.
 fn error<R: Responder>(
@@ -195,7 +204,7 @@ fn error<R: Responder>(
     status: WcStatus,
     event: Option<AsyncEventType>,
 ) -> Response {
-    if req.qp_type == QpType::Rc {
+    if req.qp_type.is_reliable() {
         target.responder_error(event);
         Response::Nak(status)
     } else {
@@ -206,7 +215,7 @@ fn error<R: Responder>(
 /// No receive posted: RC answers with an RNR NAK; UC and UD drop the message.
 fn no_receive<R: Responder>(target: &R, req: &Request<'_>) -> Response {
     match req.qp_type {
-        QpType::Rc => Response::Rnr(target.rnr_delay()),
+        t if t.is_reliable() => Response::Rnr(target.rnr_delay()),
         _ => Response::Dropped,
     }
 }
@@ -470,7 +479,7 @@ fn deliver_send<R: Responder>(
                 target.responder_error(None);
                 Response::Dropped
             }
-            QpType::Rc => {
+            _ => {
                 target.responder_error(None);
                 Response::Nak(status)
             }

@@ -159,6 +159,8 @@ pub struct Srq {
     events: Arc<AsyncQueue>,
     pub(crate) users: Users,
     pd_use: std::sync::Mutex<Option<InUse>>,
+    /// An XRC SRQ's receive point, domain and CQ ([`crate::qp::xrc`]).
+    pub(crate) xrc: crate::qp::xrc::PointSlot,
     _count: Counted,
 }
 
@@ -177,6 +179,10 @@ impl Srq {
     /// user now, although a QP being torn down may still hold it for a moment.
     pub fn release_uses(&self) {
         self.pd_use.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // An XRC SRQ's point holds the SRQ: taking it out ends both, and frees the CQ and
+        // the domain for their destroy calls.
+        let point = self.xrc_lock().take();
+        drop(point);
     }
 
     pub(crate) fn new(
@@ -210,6 +216,7 @@ impl Srq {
             events,
             users: Users::default(),
             pd_use: std::sync::Mutex::new(Some(pd_use)),
+            xrc: Default::default(),
             _count: count,
         }))
     }

@@ -73,7 +73,9 @@ impl Qp {
     fn check_wqe(&self, w: &SendWqe<'_>) -> Result<()> {
         use crate::qp::wr::SendOp::*;
         let ok_op = match self.qp_type {
-            QpType::Rc => true,
+            QpType::Rc | QpType::XrcSend => true,
+            // A target has no send queue.
+            QpType::XrcRecv => false,
             QpType::Uc => matches!(
                 w.op,
                 Send | SendWithImm { .. }
@@ -294,7 +296,7 @@ impl Qp {
 
     /// A send failed: RC goes to ERR; UC and UD go to SQE (receives keep working).
     fn send_error(&self, st: &mut SendState) {
-        let next = if self.qp_type == QpType::Rc {
+        let next = if self.qp_type.is_reliable() {
             QpState::Err
         } else {
             QpState::Sqe

@@ -7,9 +7,28 @@ use crate::types::{QpAttrMask as M, QpState, QpType};
 /// Required and optional attributes of a transition (IBA 11.2.4.2 / the kernel's
 /// `qp_state_table`); `None` for a transition verbs does not allow.
 pub(super) fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(M, M)> {
+    let (req, opt) = rc_like(cur, next, t)?;
+    Some(match (t, cur, next) {
+        // An initiator receives nothing: no responder resources, no RNR timer.
+        (QpType::XrcSend, QpState::Init, QpState::Rtr) => {
+            (req - (M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER), opt)
+        }
+        (QpType::XrcSend, _, _) => (req, opt - M::MIN_RNR_TIMER),
+        // A target sends nothing but its responses: no retries, no initiator depth.
+        (QpType::XrcRecv, QpState::Rtr, QpState::Rts) => (
+            req - (M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC),
+            opt,
+        ),
+        _ => (req, opt),
+    })
+}
+
+fn rc_like(cur: QpState, next: QpState, t: QpType) -> Option<(M, M)> {
     use QpState::*;
+    // XRC follows RC (the kernel's table), less what the half without a receive side
+    // (the initiator) or without a send side (the target) has no use for: see below.
     let by_type = |rc: M, uc: M, ud: M| match t {
-        QpType::Rc => rc,
+        QpType::Rc | QpType::XrcSend | QpType::XrcRecv => rc,
         QpType::Uc => uc,
         QpType::Ud => ud,
     };
@@ -81,7 +100,7 @@ pub(super) fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(M, M
                 M::PKEY_INDEX | M::QKEY,
             ),
         ),
-        (Sqe, Rts) if t != QpType::Rc => (
+        (Sqe, Rts) if !t.is_reliable() => (
             e,
             by_type(e, M::CUR_STATE | M::ACCESS_FLAGS, M::CUR_STATE | M::QKEY),
         ),
@@ -158,6 +177,12 @@ mod tests {
         assert!(req.contains(M::DEST_QPN | M::AV | M::MIN_RNR_TIMER));
         let (req, _) = transition(Init, Rtr, QpType::Ud).unwrap();
         assert!(req.is_empty());
+        let (req, _) = transition(Init, Rtr, QpType::XrcSend).unwrap();
+        assert!(req.contains(M::DEST_QPN) && !req.contains(M::MIN_RNR_TIMER));
+        let (req, _) = transition(Init, Rtr, QpType::XrcRecv).unwrap();
+        assert!(req.contains(M::MIN_RNR_TIMER | M::MAX_DEST_RD_ATOMIC));
+        let (req, _) = transition(Rtr, Rts, QpType::XrcRecv).unwrap();
+        assert_eq!(req, M::SQ_PSN | M::TIMEOUT);
         for s in [Reset, Init, Rtr, Rts, Sqd, Sqe, Err] {
             assert!(transition(s, Err, QpType::Uc).is_some());
             assert!(transition(s, Reset, QpType::Uc).is_some());

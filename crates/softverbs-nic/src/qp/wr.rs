@@ -218,6 +218,9 @@ pub struct SendWqe<'a> {
     pub flags: SendFlags,
     pub payload: Payload<'a>,
     pub ud: Option<UdDest>,
+    /// XRC initiators: the number of the XRC SRQ that receives the message
+    /// (`qp_type.xrc.remote_srqn`); 0 elsewhere.
+    pub xrc_srqn: u32,
 }
 
 impl SendWqe<'_> {
@@ -229,6 +232,7 @@ impl SendWqe<'_> {
             flags: self.flags,
             payload: self.payload.into_owned(),
             ud: self.ud,
+            xrc_srqn: self.xrc_srqn,
         }
     }
 }

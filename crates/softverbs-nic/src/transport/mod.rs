@@ -69,6 +69,15 @@ pub(crate) trait Transport {
     /// answer back.
     fn deliver(&self, to: &Self::Target, req: &Request<'_>) -> Response;
 
+    /// XRC: carries `req` through target `tgt` of `dev` to the XRC SRQ `srqn` of its domain.
+    fn deliver_xrc(
+        &self,
+        tgt: &Self::Target,
+        dev: &Weak<Device>,
+        srqn: u32,
+        req: &Request<'_>,
+    ) -> Response;
+
     /// A QP of `dev` is going away: let go of what was kept for its connections.
     fn release(&self, dev: &Device);
 }
@@ -102,6 +111,16 @@ impl Deliver for Qp {
     #[inline]
     fn deliver(&self, to: &Self::Target, req: &Request<'_>) -> Response {
         SameHost.deliver(to, req)
+    }
+
+    fn deliver_xrc(
+        &self,
+        tgt: &Self::Target,
+        dev: &Weak<Device>,
+        srqn: u32,
+        req: &Request<'_>,
+    ) -> Response {
+        SameHost.deliver_xrc(tgt, dev, srqn, req)
     }
 
     fn release(&self) {

@@ -29,3 +29,4 @@ mod relaxed;
 mod selftest;
 mod srq;
 mod ud_uc;
+mod xrc;

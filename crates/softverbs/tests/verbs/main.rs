@@ -19,3 +19,4 @@ mod relaxed;
 mod srq;
 mod state;
 mod ud_uc;
+mod xrc;

@@ -21,8 +21,9 @@ use crate::mr::access::Span;
 use crate::mr::keys::{KeyTable, Pin};
 use crate::pd::Ah;
 use crate::qp::Qp;
+use crate::qp::context::{QpCtx, XrcRole};
 use crate::qp::request::{Request, Response};
-use crate::qp::responder::{Responder, respond};
+use crate::qp::responder::{Responder, invalid_request, respond};
 use crate::qp::rq::RecvWqe;
 use crate::types::{AccessFlags, AhAttr, AsyncEventType, Gid, QpType};
 use std::sync::{Arc, Weak};
@@ -31,10 +32,30 @@ use std::time::Duration;
 /// The same-host transport.
 pub(crate) struct SameHost;
 
-/// A responder QP: in this process, or another process's mapped here.
+/// A responder QP: in this process, or another process's mapped here; or for XRC, a target
+/// QP with the SRQ a message names.
 pub(crate) enum Target {
     Local(Arc<Qp>),
     Remote(Arc<RemoteQp>),
+    Xrc(Box<XrcTarget>),
+}
+
+/// An XRC message's responder: the target QP's state, rights and connection, and the SRQ's
+/// PD, keys, receives and CQ (IBA 14.2.4: keys are checked in the SRQ's PD).
+pub(crate) struct XrcTarget {
+    tgt: Target,
+    srq: Target,
+}
+
+impl Target {
+    /// The QP context it acts on.
+    fn ctx(&self) -> &QpCtx {
+        match self {
+            Target::Local(q) => q.ctx(),
+            Target::Remote(r) => r.ctx(),
+            Target::Xrc(x) => x.tgt.ctx(),
+        }
+    }
 }
 
 /// What a requester remembers of its connected responder. A QP of this process is held
@@ -74,6 +95,7 @@ impl Transport for SameHost {
                 *peer = Some(match &found {
                     Target::Local(q) => CachedPeer::Local(Arc::downgrade(q)),
                     Target::Remote(r) => CachedPeer::Remote(r.clone()),
+                    Target::Xrc(_) => return None,
                 });
                 Some(found)
             }
@@ -103,108 +125,157 @@ impl Transport for SameHost {
         respond(to, req)
     }
 
+    fn deliver_xrc(
+        &self,
+        tgt: &Target,
+        dev: &Weak<Device>,
+        srqn: u32,
+        req: &Request<'_>,
+    ) -> Response {
+        let Some(domain) = tgt.ctx().xrc_domain(XrcRole::Target) else {
+            return Response::Dropped;
+        };
+        let srq = dev
+            .upgrade()
+            .and_then(|d| find_target(&d, srqn))
+            .filter(|s| s.ctx().is_xrc(XrcRole::Srq, domain));
+        let Some(srq) = srq else {
+            return invalid_request(tgt, req);
+        };
+        let tgt = match tgt {
+            Target::Local(q) => Target::Local(q.clone()),
+            Target::Remote(r) => Target::Remote(r.clone()),
+            Target::Xrc(_) => return Response::Dropped,
+        };
+        respond(&Target::Xrc(Box::new(XrcTarget { tgt, srq })), req)
+    }
+
     fn release(&self, dev: &Device) {
         peers().prune(dev.config.gid);
     }
 }
 
+/// `$body` with `$t` bound to the responder of each kind of [`Target`].
+macro_rules! each_target {
+    ($self:expr, $t:ident => $body:expr) => {
+        match $self {
+            Target::Local($t) => {
+                let $t: &Qp = $t;
+                $body
+            }
+            Target::Remote($t) => {
+                let $t: &RemoteQp = $t;
+                $body
+            }
+            Target::Xrc($t) => {
+                let $t: &XrcTarget = $t;
+                $body
+            }
+        }
+    };
+}
+
 impl Responder for Target {
     #[inline]
     fn qpn(&self) -> u32 {
-        match self {
-            Target::Local(q) => q.qpn(),
-            Target::Remote(r) => r.qpn(),
-        }
+        each_target!(self, t => Responder::qpn(t))
     }
     #[inline]
     fn qp_type(&self) -> QpType {
-        match self {
-            Target::Local(q) => Responder::qp_type(&**q),
-            Target::Remote(r) => r.qp_type(),
-        }
+        each_target!(self, t => Responder::qp_type(t))
     }
     #[inline]
     fn receiving(&self) -> bool {
-        match self {
-            Target::Local(q) => Responder::receiving(&**q),
-            Target::Remote(r) => r.receiving(),
-        }
+        each_target!(self, t => Responder::receiving(t))
     }
     #[inline]
     fn access(&self) -> AccessFlags {
-        match self {
-            Target::Local(q) => Responder::access(&**q),
-            Target::Remote(r) => r.access(),
-        }
+        each_target!(self, t => Responder::access(t))
     }
     #[inline]
     fn qkey(&self) -> u32 {
-        match self {
-            Target::Local(q) => Responder::qkey(&**q),
-            Target::Remote(r) => r.qkey(),
-        }
+        each_target!(self, t => Responder::qkey(t))
     }
     #[inline]
     fn rnr_delay(&self) -> Duration {
-        match self {
-            Target::Local(q) => Responder::rnr_delay(&**q),
-            Target::Remote(r) => r.rnr_delay(),
-        }
+        each_target!(self, t => Responder::rnr_delay(t))
     }
     #[inline]
     fn pd_id(&self) -> u32 {
-        match self {
-            Target::Local(q) => q.pd_id(),
-            Target::Remote(r) => r.pd_id(),
-        }
+        each_target!(self, t => Responder::pd_id(t))
     }
     #[inline]
     fn recv_pd(&self) -> u32 {
-        match self {
-            Target::Local(q) => Responder::recv_pd(&**q),
-            Target::Remote(r) => r.recv_pd(),
-        }
+        each_target!(self, t => Responder::recv_pd(t))
     }
     #[inline]
     fn keys(&self) -> &KeyTable {
-        match self {
-            Target::Local(q) => Responder::keys(&**q),
-            Target::Remote(r) => r.keys(),
-        }
+        each_target!(self, t => Responder::keys(t))
     }
     #[inline]
     fn gid(&self) -> Gid {
-        match self {
-            Target::Local(q) => Responder::gid(&**q),
-            Target::Remote(r) => r.gid(),
-        }
+        each_target!(self, t => Responder::gid(t))
     }
     #[inline]
     fn take_recv(&self) -> Option<RecvWqe> {
-        match self {
-            Target::Local(q) => Responder::take_recv(&**q),
-            Target::Remote(r) => r.take_recv(),
-        }
+        each_target!(self, t => Responder::take_recv(t))
     }
     #[inline]
     fn push_recv(&self, cqe: Cqe) {
-        match self {
-            Target::Local(q) => Responder::push_recv(&**q, cqe),
-            Target::Remote(r) => r.push_recv(cqe),
-        }
+        each_target!(self, t => Responder::push_recv(t, cqe))
     }
     #[inline]
     fn responder_error(&self, event: Option<AsyncEventType>) {
-        match self {
-            Target::Local(q) => Responder::responder_error(&**q, event),
-            Target::Remote(r) => r.responder_error(event),
-        }
+        each_target!(self, t => Responder::responder_error(t, event))
     }
     #[inline]
     fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
-        match self {
-            Target::Local(q) => Responder::place(&**q, pin, host, len),
-            Target::Remote(r) => Responder::place(&**r, pin, host, len),
-        }
+        each_target!(self, t => Responder::place(t, pin, host, len))
+    }
+}
+
+/// The target's connection, the SRQ's memory and receives.
+impl Responder for XrcTarget {
+    fn qpn(&self) -> u32 {
+        self.tgt.qpn()
+    }
+    fn qp_type(&self) -> QpType {
+        self.tgt.qp_type()
+    }
+    fn receiving(&self) -> bool {
+        self.tgt.receiving() && self.srq.receiving()
+    }
+    fn access(&self) -> AccessFlags {
+        self.tgt.access()
+    }
+    fn qkey(&self) -> u32 {
+        self.tgt.qkey()
+    }
+    fn rnr_delay(&self) -> Duration {
+        self.tgt.rnr_delay()
+    }
+    fn pd_id(&self) -> u32 {
+        self.srq.pd_id()
+    }
+    fn recv_pd(&self) -> u32 {
+        self.srq.recv_pd()
+    }
+    fn keys(&self) -> &KeyTable {
+        self.srq.keys()
+    }
+    fn gid(&self) -> Gid {
+        self.tgt.gid()
+    }
+    fn take_recv(&self) -> Option<RecvWqe> {
+        self.srq.take_recv()
+    }
+    fn push_recv(&self, cqe: Cqe) {
+        self.srq.push_recv(cqe)
+    }
+    fn responder_error(&self, event: Option<AsyncEventType>) {
+        self.tgt.responder_error(event)
+    }
+    fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
+        self.srq.place(pin, host, len)
     }
 }

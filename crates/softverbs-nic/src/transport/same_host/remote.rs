@@ -155,7 +155,7 @@ impl RemoteQp {
         })
     }
 
-    fn ctx(&self) -> &QpCtx {
+    pub(crate) fn ctx(&self) -> &QpCtx {
         self.ctx.at(0)
     }
 
