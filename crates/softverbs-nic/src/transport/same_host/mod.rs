@@ -32,18 +32,16 @@ use std::time::Duration;
 /// The same-host transport.
 pub(crate) struct SameHost;
 
-/// A responder QP: in this process, or another process's mapped here; or for XRC, a target
-/// QP with the SRQ a message names.
+/// A responder QP: in this process, or another process's mapped here.
 pub(crate) enum Target {
     Local(Arc<Qp>),
     Remote(Arc<RemoteQp>),
-    Xrc(Box<XrcTarget>),
 }
 
 /// An XRC message's responder: the target QP's state, rights and connection, and the SRQ's
 /// PD, keys, receives and CQ (IBA 14.2.4: keys are checked in the SRQ's PD).
-pub(crate) struct XrcTarget {
-    tgt: Target,
+pub(crate) struct XrcTarget<'t> {
+    tgt: &'t Target,
     srq: Target,
 }
 
@@ -53,7 +51,6 @@ impl Target {
         match self {
             Target::Local(q) => q.ctx(),
             Target::Remote(r) => r.ctx(),
-            Target::Xrc(x) => x.tgt.ctx(),
         }
     }
 }
@@ -95,7 +92,6 @@ impl Transport for SameHost {
                 *peer = Some(match &found {
                     Target::Local(q) => CachedPeer::Local(Arc::downgrade(q)),
                     Target::Remote(r) => CachedPeer::Remote(r.clone()),
-                    Target::Xrc(_) => return None,
                 });
                 Some(found)
             }
@@ -142,12 +138,7 @@ impl Transport for SameHost {
         let Some(srq) = srq else {
             return invalid_request(tgt, req);
         };
-        let tgt = match tgt {
-            Target::Local(q) => Target::Local(q.clone()),
-            Target::Remote(r) => Target::Remote(r.clone()),
-            Target::Xrc(_) => return Response::Dropped,
-        };
-        respond(&Target::Xrc(Box::new(XrcTarget { tgt, srq })), req)
+        respond(&XrcTarget { tgt, srq }, req)
     }
 
     fn release(&self, dev: &Device) {
@@ -155,87 +146,109 @@ impl Transport for SameHost {
     }
 }
 
-/// `$body` with `$t` bound to the responder of each kind of [`Target`].
-macro_rules! each_target {
-    ($self:expr, $t:ident => $body:expr) => {
-        match $self {
-            Target::Local($t) => {
-                let $t: &Qp = $t;
-                $body
-            }
-            Target::Remote($t) => {
-                let $t: &RemoteQp = $t;
-                $body
-            }
-            Target::Xrc($t) => {
-                let $t: &XrcTarget = $t;
-                $body
-            }
-        }
-    };
-}
-
 impl Responder for Target {
     #[inline]
     fn qpn(&self) -> u32 {
-        each_target!(self, t => Responder::qpn(t))
+        match self {
+            Target::Local(q) => q.qpn(),
+            Target::Remote(r) => r.qpn(),
+        }
     }
     #[inline]
     fn qp_type(&self) -> QpType {
-        each_target!(self, t => Responder::qp_type(t))
+        match self {
+            Target::Local(q) => Responder::qp_type(&**q),
+            Target::Remote(r) => r.qp_type(),
+        }
     }
     #[inline]
     fn receiving(&self) -> bool {
-        each_target!(self, t => Responder::receiving(t))
+        match self {
+            Target::Local(q) => Responder::receiving(&**q),
+            Target::Remote(r) => r.receiving(),
+        }
     }
     #[inline]
     fn access(&self) -> AccessFlags {
-        each_target!(self, t => Responder::access(t))
+        match self {
+            Target::Local(q) => Responder::access(&**q),
+            Target::Remote(r) => r.access(),
+        }
     }
     #[inline]
     fn qkey(&self) -> u32 {
-        each_target!(self, t => Responder::qkey(t))
+        match self {
+            Target::Local(q) => Responder::qkey(&**q),
+            Target::Remote(r) => r.qkey(),
+        }
     }
     #[inline]
     fn rnr_delay(&self) -> Duration {
-        each_target!(self, t => Responder::rnr_delay(t))
+        match self {
+            Target::Local(q) => Responder::rnr_delay(&**q),
+            Target::Remote(r) => r.rnr_delay(),
+        }
     }
     #[inline]
     fn pd_id(&self) -> u32 {
-        each_target!(self, t => Responder::pd_id(t))
+        match self {
+            Target::Local(q) => q.pd_id(),
+            Target::Remote(r) => r.pd_id(),
+        }
     }
     #[inline]
     fn recv_pd(&self) -> u32 {
-        each_target!(self, t => Responder::recv_pd(t))
+        match self {
+            Target::Local(q) => Responder::recv_pd(&**q),
+            Target::Remote(r) => r.recv_pd(),
+        }
     }
     #[inline]
     fn keys(&self) -> &KeyTable {
-        each_target!(self, t => Responder::keys(t))
+        match self {
+            Target::Local(q) => Responder::keys(&**q),
+            Target::Remote(r) => r.keys(),
+        }
     }
     #[inline]
     fn gid(&self) -> Gid {
-        each_target!(self, t => Responder::gid(t))
+        match self {
+            Target::Local(q) => Responder::gid(&**q),
+            Target::Remote(r) => r.gid(),
+        }
     }
     #[inline]
     fn take_recv(&self) -> Option<RecvWqe> {
-        each_target!(self, t => Responder::take_recv(t))
+        match self {
+            Target::Local(q) => Responder::take_recv(&**q),
+            Target::Remote(r) => r.take_recv(),
+        }
     }
     #[inline]
     fn push_recv(&self, cqe: Cqe) {
-        each_target!(self, t => Responder::push_recv(t, cqe))
+        match self {
+            Target::Local(q) => Responder::push_recv(&**q, cqe),
+            Target::Remote(r) => r.push_recv(cqe),
+        }
     }
     #[inline]
     fn responder_error(&self, event: Option<AsyncEventType>) {
-        each_target!(self, t => Responder::responder_error(t, event))
+        match self {
+            Target::Local(q) => Responder::responder_error(&**q, event),
+            Target::Remote(r) => r.responder_error(event),
+        }
     }
     #[inline]
     fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
-        each_target!(self, t => Responder::place(t, pin, host, len))
+        match self {
+            Target::Local(q) => Responder::place(&**q, pin, host, len),
+            Target::Remote(r) => Responder::place(&**r, pin, host, len),
+        }
     }
 }
 
 /// The target's connection, the SRQ's memory and receives.
-impl Responder for XrcTarget {
+impl Responder for XrcTarget<'_> {
     fn qpn(&self) -> u32 {
         self.tgt.qpn()
     }
