@@ -234,6 +234,13 @@ fn c_xrc() {
     run_c_program_with("conformance", false, &["xrc"]);
 }
 
+/// `conformance import`: shared PDs between two processes (`ibv_import_device`, `_pd`,
+/// `_mr`), and their errors.
+#[test]
+fn c_shared_pds() {
+    run_c_program_with("conformance", false, &["import"]);
+}
+
 /// `conformance awrite`: RDMA ATOMIC WRITE through `ibv_wr_atomic_write` and `ibv_post_send`,
 /// its cap, and its errors.
 #[test]

@@ -39,6 +39,7 @@ mod cq;
 mod device;
 mod mr;
 mod qp;
+mod shared;
 mod xrc;
 
 pub use cq::{
@@ -51,6 +52,7 @@ pub use qp::{
     AddressHandle, Endpoint, QpInitAttr, QueuePair, RecvWr, SendWr, SharedReceiveQueue, SrqAttr,
     UdTarget, WrData, address_vector,
 };
+pub use shared::ImportedRegion;
 pub use softverbs_nic::qp::xrc::XrcdOpen;
 pub use xrc::XrcDomain;
 

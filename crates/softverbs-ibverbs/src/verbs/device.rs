@@ -61,10 +61,44 @@ pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv
     let Some(d) = find_device(device) else {
         return inval();
     };
-    let nic = match Context::open(d.nic.clone()) {
+    match Context::open(d.nic.clone()) {
+        // SAFETY: one of our devices, and a context opened on it.
+        Ok(nic) => unsafe { wrap_context(device, nic) },
+        Err(e) => null(e),
+    }
+}
+
+/// `ibv_import_device`: the context of our command descriptor `cmd_fd` (which this context
+/// then owns, as rdma-core's does: it is closed here once imported, the context keeping a
+/// descriptor of its own as `cmd_fd`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sv_ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    if cmd_fd < 0 {
+        return inval();
+    }
+    // SAFETY: the caller's descriptor, borrowed for the call.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(cmd_fd) };
+    let nic = match Context::import(fd) {
         Ok(c) => c,
         Err(e) => return null(e),
     };
+    let Some(d) = devices()
+        .ok()
+        .and_then(|l| l.iter().find(|d| Arc::ptr_eq(&d.nic, nic.device())))
+    else {
+        return inval();
+    };
+    // SAFETY: the caller handed the descriptor over; our context holds its own.
+    unsafe { libc::close(cmd_fd) };
+    // SAFETY: one of our devices, and a context on it.
+    unsafe { wrap_context(&d.dev as *const ibv_device as *mut ibv_device, nic) }
+}
+
+/// Hands context `nic` of `device` to C.
+///
+/// # Safety
+/// `device` must be one of ours, the device `nic` is open on.
+unsafe fn wrap_context(device: *mut ibv_device, nic: Arc<Context>) -> *mut ibv_context {
     let ops = ibv_context_ops {
         _compat0: [None; 7],
         alloc_mw: Some(mw::alloc_mw),
@@ -109,7 +143,7 @@ pub unsafe extern "C" fn sv_ibv_open_device(device: *mut ibv_device) -> *mut ibv
         context: ibv_context {
             device,
             ops,
-            cmd_fd: -1,
+            cmd_fd: nic.cmd_fd().as_raw_fd(),
             async_fd: async_own
                 .as_ref()
                 .map_or(nic.events().fd().as_raw_fd(), |f| f.as_raw_fd()),

@@ -3,8 +3,8 @@
 //! This module holds the C objects' wrappers and the registries every area shares; the
 //! calls are in one file per area: `device` (listing, opening, queries, GIDs), `mr`, `mw`, `cq`,
 //! `qp`, `post` (the data path of `ibv_context::ops`), `qp_ex` (the `ibv_wr_*` API), `ah`,
-//! `srq`, `xrc` (XRC domains, XRC SRQs and target QPs), `events` (asynchronous events) and
-//! `strings`.
+//! `srq`, `xrc` (XRC domains, XRC SRQs and target QPs), `import` (shared PDs), `events`
+//! (asynchronous events) and `strings`.
 
 use crate::abi::*;
 use crate::set_errno;
@@ -342,6 +342,7 @@ mod device;
 mod dm;
 mod domain;
 mod events;
+mod import;
 mod mr;
 mod mw;
 mod post;

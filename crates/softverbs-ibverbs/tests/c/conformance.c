@@ -58,6 +58,13 @@
  *          number outside the domain is IBV_WC_REM_INV_REQ_ERR; receives on XRC QPs and
  *          an XRC_RECV QP from ibv_create_qp are EINVAL; ibv_close_xrcd and destroying the
  *          SRQ's CQ are EBUSY while the domain's objects live, then every destroy succeeds.
+ *   import shared PDs: cmd_fd is a real descriptor; a child process (this program again, the
+ *          dup'd cmd_fd inherited) imports the context (ibv_import_device), the PD
+ *          (ibv_import_pd) and a region (ibv_import_mr: same keys, address and length), and
+ *          sends from that region, which is the parent's memory, through a QP it made in the
+ *          imported PD to a QP of the parent; a bad PD or region handle, ibv_import_pd on a
+ *          context that was not imported, and ibv_reg_mr in an imported PD fail; then
+ *          ibv_unimport_mr and ibv_unimport_pd.
  *   events the asynchronous events errors raise: IBV_EVENT_QP_REQ_ERR on a responder whose QP
  *          refuses a WRITE it does not allow, IBV_EVENT_QP_LAST_WQE_REACHED on an SRQ's QP
  *          moved to the error state, IBV_EVENT_CQ_ERR on a CQ that overflows; each names its
@@ -86,6 +93,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1670,7 +1678,137 @@ static void family_xrc(struct ibv_context *ctx) {
     unlink(path);
 }
 
+/* The child of `import`: argv = import_child FD PD_HANDLE MR_HANDLE PARENT_QPN. */
+static int import_child(char **argv) {
+    int fd = atoi(argv[2]);
+    uint32_t pd_handle = (uint32_t)strtoul(argv[3], NULL, 0);
+    uint32_t mr_handle = (uint32_t)strtoul(argv[4], NULL, 0);
+    uint32_t parent_qpn = (uint32_t)strtoul(argv[5], NULL, 0);
+    struct ibv_context *ctx = ibv_import_device(fd);
+    CHECK(ctx && ctx->cmd_fd >= 0);
+    errno = 0;
+    CHECK(!ibv_import_pd(ctx, pd_handle + 1000) && errno != 0);
+    struct ibv_pd *pd = ibv_import_pd(ctx, pd_handle);
+    CHECK(pd && pd->handle == pd_handle && pd->context == ctx);
+    errno = 0;
+    CHECK(!ibv_import_mr(pd, mr_handle + 0x100000) && errno != 0);
+    struct ibv_mr *mr = ibv_import_mr(pd, mr_handle);
+    CHECK(mr && mr->lkey == mr_handle && mr->length == 4096 && mr->pd == pd);
+    char local[64];
+    errno = 0;
+    CHECK(!ibv_reg_mr(pd, local, sizeof local, IBV_ACCESS_LOCAL_WRITE) && errno == EOPNOTSUPP);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+    CHECK(cq);
+    struct ibv_qp_init_attr ia = rc_init_attr(cq, 4, 1);
+    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+    CHECK(qp);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    to_rts(qp, parent_qpn, &gid, 0);
+    printf("%u\n", qp->qp_num);
+    fflush(stdout);
+    char go[8];
+    CHECK(fgets(go, sizeof go, stdin));
+    /* The region's bytes are the parent's: its address is the parent's too. */
+    struct ibv_sge sge = {(uintptr_t)mr->addr, 64, mr->lkey};
+    struct ibv_send_wr w = {0};
+    w.wr_id = 1;
+    w.sg_list = &sge;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    post(qp, &w);
+    CHECK(poll1(cq).status == IBV_WC_SUCCESS);
+    CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0);
+    ibv_unimport_mr(mr);
+    ibv_unimport_pd(pd);
+    CHECK(ibv_close_device(ctx) == 0);
+    return 0;
+}
+
+static void family_import(struct ibv_context *ctx) {
+    struct stat st;
+    CHECK(ctx->cmd_fd >= 0 && fstat(ctx->cmd_fd, &st) == 0);
+    errno = 0;
+    CHECK(!ibv_import_device(-1) && errno != 0);
+    errno = 0;
+    CHECK(!ibv_import_pd(ctx, 1) && errno != 0); /* not an imported context */
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+    char *buf = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *inbox = calloc(1, 4096);
+    CHECK(pd && cq && buf != MAP_FAILED && inbox);
+    for (int i = 0; i < 64; i++)
+        buf[i] = (char)('a' + i % 26);
+    struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_mr *in = ibv_reg_mr(pd, inbox, 4096, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr && in);
+    struct ibv_qp_init_attr ia = rc_init_attr(cq, 4, 1);
+    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+    CHECK(qp);
+    struct ibv_qp_attr a = {0};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                    IBV_QP_ACCESS_FLAGS) == 0);
+    struct ibv_sge s = {(uintptr_t)inbox, 4096, in->lkey};
+    struct ibv_recv_wr r = {0}, *rb = NULL;
+    r.wr_id = 7;
+    r.sg_list = &s;
+    r.num_sge = 1;
+    CHECK(ibv_post_recv(qp, &r, &rb) == 0);
+
+    int fd = dup(ctx->cmd_fd); /* inherited by the child: no O_CLOEXEC */
+    int to_child[2], from_child[2];
+    CHECK(fd >= 0 && pipe(to_child) == 0 && pipe(from_child) == 0);
+    char a_fd[16], a_pd[16], a_mr[16], a_qpn[16];
+    snprintf(a_fd, sizeof a_fd, "%d", fd);
+    snprintf(a_pd, sizeof a_pd, "%u", pd->handle);
+    snprintf(a_mr, sizeof a_mr, "%u", mr->handle);
+    snprintf(a_qpn, sizeof a_qpn, "%u", qp->qp_num);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(to_child[0], 0);
+        dup2(from_child[1], 1);
+        char *args[] = {"conformance", "import_child", a_fd, a_pd, a_mr, a_qpn, NULL};
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    close(fd);
+    close(to_child[0]);
+    close(from_child[1]);
+    FILE *out = fdopen(from_child[0], "r");
+    unsigned child_qpn = 0;
+    CHECK(out && fscanf(out, "%u", &child_qpn) == 1);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = child_qpn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr = ah_to(&gid);
+    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                    IBV_QP_MIN_RNR_TIMER) == 0);
+    CHECK(write(to_child[1], "go\n", 3) == 3);
+    struct ibv_wc wc = poll1(cq);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 7 && wc.byte_len == 64);
+    CHECK(!memcmp(inbox, buf, 64));
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    fclose(out);
+    close(to_child[1]);
+    CHECK(ibv_destroy_qp(qp) == 0 && ibv_dereg_mr(mr) == 0 && ibv_dereg_mr(in) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+    munmap(buf, 4096);
+    free(inbox);
+}
+
 int main(int argc, char **argv) {
+    if (argc == 6 && !strcmp(argv[1], "import_child"))
+        return import_child(argv);
     CHECK(argc == 2);
     struct ibv_context *ctx = open_first_device();
     if (!strcmp(argv[1], "mr"))
@@ -1709,6 +1847,8 @@ int main(int argc, char **argv) {
         family_mcast(ctx);
     else if (!strcmp(argv[1], "xrc"))
         family_xrc(ctx);
+    else if (!strcmp(argv[1], "import"))
+        family_import(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);

@@ -4,21 +4,40 @@
 
 use super::Device;
 use super::event::AsyncQueue;
+use super::shared::{CommandSegment, Import};
 use crate::error::Result;
 use std::sync::Arc;
 
-/// An open device (`struct ibv_context`): owns the async event queue.
+/// An open device (`struct ibv_context`): owns the async event queue and the command
+/// descriptor that shares its PDs with other processes ([`Context::cmd_fd`]).
 pub struct Context {
     pub(crate) dev: Arc<Device>,
     pub(crate) events: Arc<AsyncQueue>,
+    pub(crate) command: CommandSegment,
+    /// For a context made by [`Context::import`]: the exporter's key table and memory.
+    pub(crate) import: Option<Arc<Import>>,
 }
 
 impl Context {
     /// Opens `dev`.
     pub fn open(dev: Arc<Device>) -> Result<Arc<Context>> {
+        let command = CommandSegment::new(&dev)?;
+        Context::with(dev, command, None)
+    }
+
+    pub(crate) fn with(
+        dev: Arc<Device>,
+        command: CommandSegment,
+        import: Option<Arc<Import>>,
+    ) -> Result<Arc<Context>> {
         let events = Arc::new(AsyncQueue::new()?);
         dev.attach_context(&events);
-        Ok(Arc::new(Context { dev, events }))
+        Ok(Arc::new(Context {
+            dev,
+            events,
+            command,
+            import,
+        }))
     }
 
     /// The device.

@@ -5,7 +5,8 @@
 //! live QPs (`qpn`, with the host-wide `directory`), the host's multicast groups
 //! ([`multicast`]), its port and the contexts told about
 //! it ([`Context`], [`event`]), and the timer thread for deferred work (`progress`). What
-//! the query verbs report is in `attr`.
+//! the query verbs report is in `attr`; how a context's PDs are shared with other processes
+//! (its command descriptor, the importer's view) is `shared`.
 
 mod attr;
 mod context;
@@ -15,6 +16,7 @@ pub mod multicast;
 pub(crate) mod progress;
 mod qpn;
 mod resource;
+pub(crate) mod shared;
 
 pub use attr::{
     DEFAULT_PKEY, DeviceAttr, MAX_DM_SIZE, MAX_MSG_SIZE, OdpCaps, PORT_NUM, PortAttr, cap_flags,

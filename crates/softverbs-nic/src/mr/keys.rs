@@ -155,6 +155,11 @@ pub struct Pin<'a> {
 }
 
 impl Pin<'_> {
+    /// The process whose memory the region is.
+    pub(crate) fn owner_pid(&self) -> u32 {
+        self.entry.owner_pid.load(Ordering::Relaxed)
+    }
+
     /// Where a peer can map the pinned bytes: the backing and the offset of `host` in it.
     pub fn backing(&self) -> Option<Backing> {
         self.backing_at(self.host)

@@ -6,6 +6,7 @@
 //! - [`layout`]: non-contiguous layouts (seed 002), the pure engine: SG, interleaved, page
 //!   lists, nesting.
 //! - [`store`]: layouts in shared memory, where every process can read them.
+//! - `peer`: another process's registered memory, mapped or reached by cross-memory attach.
 //! - `resolve`: a work request's SGEs and remote ranges checked, pinned and turned into spans.
 //! - `container`: the state a layout container shares, and the device's registry of them.
 //! - [`window`]: memory windows (type 1 and 2) in the key table: bind, invalidate.
@@ -17,6 +18,7 @@ pub(crate) mod container;
 pub mod keys;
 pub mod layout;
 pub mod ordering;
+pub(crate) mod peer;
 pub(crate) mod resolve;
 pub mod store;
 pub mod window;

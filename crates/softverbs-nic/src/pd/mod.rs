@@ -1,9 +1,11 @@
 //! Protection domains and the objects in them that need no queue: memory regions (with their
-//! non-contiguous layouts), memory windows, device memory and address handles. SRQs and QPs, also created in a PD, are made
+//! non-contiguous layouts), memory windows, device memory and address handles; PDs and
+//! regions imported from another process (`import`). SRQs and QPs, also created in a PD, are made
 //! by the QP layer (`Pd::create_srq`, `Pd::create_qp`).
 
 mod ah;
 mod device_memory;
+mod import;
 mod region;
 mod window;
 
@@ -21,10 +23,16 @@ impl Context {
     /// Allocates a protection domain.
     pub fn alloc_pd(self: &Arc<Self>) -> Result<Arc<Pd>> {
         let count = self.dev.acquire(Resource::Pd)?;
+        let id = self.dev.next_id();
+        // Importable by another process through this context's command descriptor (a PD of
+        // an imported context is its own process's and is not).
+        let exported = self.import.is_none() && self.command.add_pd(id);
         Ok(Arc::new(Pd {
-            id: self.dev.next_id(),
+            id,
             ctx: self.clone(),
             users: Users::default(),
+            import: None,
+            exported,
             _count: count,
         }))
     }
@@ -35,7 +43,19 @@ pub struct Pd {
     pub(crate) id: u32,
     pub(crate) ctx: Arc<Context>,
     pub(crate) users: Users,
+    /// An imported PD's view of its exporter (`import`).
+    pub(crate) import: Option<Arc<crate::device::shared::Import>>,
+    /// Listed in its context's command segment, for other processes to import.
+    exported: bool,
     _count: Counted,
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        if self.exported {
+            self.ctx.command.remove_pd(self.id);
+        }
+    }
 }
 
 impl Pd {

@@ -30,6 +30,7 @@ impl Pd {
         access: u32,
         backing: Option<crate::mr::keys::Backing>,
     ) -> Result<Mr> {
+        self.own_keys()?;
         let effective = Self::effective_access(access)?;
         let dev = &self.ctx.dev;
         let implicit = effective.contains(AccessFlags::ON_DEMAND) && addr == 0 && len == usize::MAX;

@@ -20,6 +20,7 @@ pub enum MwType {
 impl Pd {
     /// `ibv_alloc_mw`: an unbound window of this PD.
     pub fn alloc_mw(self: &Arc<Self>, kind: MwType) -> Result<Mw> {
+        self.own_keys()?;
         let dev = &self.ctx.dev;
         let count = dev.acquire(Resource::Mw)?;
         let key = dev.keys.alloc_window(self.id, kind == MwType::Type2)?;

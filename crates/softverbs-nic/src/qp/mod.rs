@@ -124,6 +124,15 @@ impl Qp {
         {
             return Err(inval("CQs and SRQ must belong to the QP's device"));
         }
+        if init
+            .srq
+            .as_ref()
+            .is_some_and(|s| s.table != pd.keys() as *const _ as usize)
+        {
+            return Err(inval(
+                "an SRQ of an imported PD serves QPs of imported PDs of the same exporter only",
+            ));
+        }
         check("max_send_wr", c.max_send_wr, l.max_qp_wr)?;
         check("max_send_sge", c.max_send_sge, l.max_sge)?;
         check("max_inline_data", c.max_inline_data, l.max_inline_data)?;
@@ -183,7 +192,7 @@ impl Qp {
         if let Some(ch) = init.recv_cq.channel() {
             c.chan.set(ch.bell().write_fd_num(), ch.bell().write_ino());
         }
-        export(&c.keys, dev.keys.segment());
+        export(&c.keys, pd.keys().segment());
         let offload = <Qp as Deliver>::offload(&dev, qpn, &ctx, &cap)?;
         if offload.is_some() {
             init.send_cq

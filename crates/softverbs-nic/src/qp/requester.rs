@@ -113,8 +113,8 @@ impl Qp {
                 pins: Vec::new(),
                 len: bytes.len() as u64,
             }),
-            Payload::Sges(sges) => pin_sges(&self.dev.keys, self.pd.id, sges, need, |p, h, n| {
-                Some(p.owner_span(h, n))
+            Payload::Sges(sges) => pin_sges(self.pd.keys(), self.pd.id, sges, need, |p, h, n| {
+                self.pd.place(p, h, n)
             })
             .map_err(|_| WcStatus::LocProtErr),
         }
@@ -177,7 +177,16 @@ impl Qp {
     /// staged layout of container `key` take effect; a window bind or invalidation changes
     /// the window's entry in this device's key table.
     fn local_op(&self, op: SendOp) -> Outcome {
-        let keys = &self.dev.keys;
+        // An imported PD's windows are its exporter's to bind and invalidate: their table's
+        // allocation lock is the exporter's, which this process cannot take.
+        if self.pd.is_imported() {
+            let status = match op {
+                SendOp::LocalInv { .. } => WcStatus::LocQpOpErr,
+                _ => WcStatus::MwBindErr,
+            };
+            return Outcome::Done(status, 0);
+        }
+        let keys = self.pd.keys();
         let (ok, failed) = match op {
             SendOp::BindLayout { key } => (
                 self.dev

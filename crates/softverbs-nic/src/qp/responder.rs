@@ -90,7 +90,7 @@ impl Responder for Qp {
     }
     #[inline]
     fn keys(&self) -> &KeyTable {
-        &self.dev.keys
+        self.pd.keys()
     }
     #[inline]
     fn gid(&self) -> Gid {
@@ -110,7 +110,7 @@ impl Responder for Qp {
     }
     #[inline]
     fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
-        Some(pin.owner_span(host, len))
+        self.pd.place(pin, host, len)
     }
 }
 

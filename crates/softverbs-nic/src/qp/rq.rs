@@ -8,6 +8,7 @@ use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::device::{Counted, Device, InUse, Resource, Users};
 use crate::device_memory::ring::{Ring, SlotPayload};
 use crate::error::{Error, Result, inval};
+use crate::mr::keys::KeyTable;
 use crate::pd::Pd;
 use crate::types::{AsyncEventType, Sge};
 use std::sync::Arc;
@@ -141,6 +142,7 @@ impl Pd {
     /// Creates a shared receive queue.
     pub fn create_srq(self: &Arc<Self>, max_wr: u32, max_sge: u32, limit: u32) -> Result<Arc<Srq>> {
         Srq::new(
+            self.keys(),
             &self.ctx.dev,
             (self.id, self.users.add()),
             self.ctx.events.clone(),
@@ -155,6 +157,9 @@ impl Pd {
 pub struct Srq {
     pub(crate) id: u32,
     pub(crate) pd: u32,
+    /// Which key table its PD's keys are in (its address: the device's, or an imported
+    /// PD's view of its exporter's), which a QP receiving from it must share.
+    pub(crate) table: usize,
     pub(crate) rq: RecvQueue,
     events: Arc<AsyncQueue>,
     pub(crate) users: Users,
@@ -186,6 +191,7 @@ impl Srq {
     }
 
     pub(crate) fn new(
+        keys: &KeyTable,
         dev: &Arc<Device>,
         (pd, pd_use): (u32, InUse),
         events: Arc<AsyncQueue>,
@@ -212,6 +218,7 @@ impl Srq {
         Ok(Arc::new(Srq {
             id: dev.next_id(),
             pd,
+            table: keys as *const KeyTable as usize,
             rq,
             events,
             users: Users::default(),

@@ -27,6 +27,7 @@ mod one_sided;
 mod rc;
 mod relaxed;
 mod selftest;
+mod shared_pd;
 mod srq;
 mod ud_uc;
 mod xrc;

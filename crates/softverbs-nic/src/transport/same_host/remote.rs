@@ -15,6 +15,7 @@ use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result};
 use crate::mr::access::Span;
 use crate::mr::keys::{KeyTable, Pin};
+use crate::mr::peer::PeerMemory;
 use crate::qp::context::{DESTROYED, QpCtx};
 use crate::qp::responder::Responder;
 use crate::qp::rq::{RecvQueue, RecvWqe, srq_take};
@@ -22,7 +23,6 @@ use crate::types::{
     AccessFlags, AsyncEventType, Gid, QpState, QpType, WcOpcode, WcStatus, rnr_timer_micros,
 };
 use rustix::fd::{AsFd, OwnedFd};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -75,7 +75,8 @@ pub(crate) struct RemoteQp {
     events: Ring,
     events_bell: OwnedFd,
     gid: Gid,
-    maps: Mutex<HashMap<(i32, u64), Arc<Segment>>>,
+    /// Where the bytes of the regions its key table names are (each region's owner's).
+    memory: PeerMemory,
     checked: Mutex<Instant>,
     dead: AtomicBool,
     clock: crate::clock::Clock,
@@ -147,7 +148,7 @@ impl RemoteQp {
             events,
             events_bell,
             gid,
-            maps: Mutex::new(HashMap::new()),
+            memory: PeerMemory::default(),
             checked: Mutex::new(Instant::now()),
             dead: AtomicBool::new(false),
             clock,
@@ -298,32 +299,6 @@ impl RemoteQp {
             }
         }
     }
-
-    /// Where the pinned bytes are for this process: a mapping of the owner's memfd, or
-    /// (plain process memory) the owner's address, reached with cross-memory attach.
-    /// `host` is an owner address inside `pin`'s registration (or, for a layout container's
-    /// pin, a plain buffer of its layout, which has no backing).
-    fn locate(&self, pin: &Pin<'_>, host: usize, len: usize) -> Result<Span> {
-        let Some(b) = pin.backing_at(host) else {
-            return Ok(Span::at(host, len, self.pid));
-        };
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        let seg = match maps.get(&(b.fd, b.ino)) {
-            Some(s) => s.clone(),
-            None => {
-                let s = Arc::new(Segment::open(open_peer_fd(self.pid, b.fd, b.ino, false)?)?);
-                maps.insert((b.fd, b.ino), s.clone());
-                s
-            }
-        };
-        let end = b.offset.checked_add(len as u64);
-        if end.is_none_or(|e| e > seg.len() as u64) {
-            return Err(Error::InvalidArgument(
-                "peer registration outside its memfd".into(),
-            ));
-        }
-        Ok(Span::local(seg.as_ptr() as usize + b.offset as usize, len))
-    }
 }
 
 impl Responder for RemoteQp {
@@ -412,7 +387,7 @@ impl Responder for RemoteQp {
 
     #[inline]
     fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
-        self.locate(pin, host, len).ok()
+        self.memory.locate(pin, host, len).ok()
     }
 }
 
