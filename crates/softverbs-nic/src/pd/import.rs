@@ -5,8 +5,7 @@
 use super::Pd;
 use crate::device::{Context, Resource, Users};
 use crate::error::{Error, Result};
-use crate::mr::access::Span;
-use crate::mr::keys::{KeyInfo, KeyTable, Pin};
+use crate::mr::keys::{KeyInfo, KeyTable};
 use std::sync::Arc;
 
 impl Context {
@@ -66,16 +65,6 @@ impl Pd {
         match &self.import {
             Some(i) => &i.keys,
             None => &self.ctx.dev.keys,
-        }
-    }
-
-    /// Where `len` bytes at `host` of a region pinned in [`Pd::keys`] are for this process:
-    /// its own memory, or (imported) the region owner's, mapped or by cross-memory attach.
-    #[inline]
-    pub(crate) fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
-        match &self.import {
-            None => Some(pin.owner_span(host, len)),
-            Some(i) => i.memory.locate(pin, host, len).ok(),
         }
     }
 

@@ -69,6 +69,9 @@ pub struct Qp {
     uses: Mutex<Vec<crate::device::InUse>>,
     /// The multicast groups it is attached to (UD).
     mcast: Mutex<Vec<crate::device::multicast::Membership>>,
+    /// Its PD's view of an exporter, if the PD is imported: kept here, next to `dev`, so
+    /// that finding the key table costs the data path one test of a field it already reads.
+    import: Option<Arc<crate::device::shared::Import>>,
     _count: Counted,
 }
 
@@ -240,6 +243,7 @@ impl Qp {
             dev: dev.clone(),
             uses: Mutex::new(uses),
             mcast: Mutex::new(Vec::new()),
+            import: pd.import.clone(),
             _count: count,
         });
         dev.register_qp(qpn, Arc::downgrade(&qp) as Weak<_>);
@@ -268,6 +272,29 @@ impl Qp {
     /// as a user now, although the device's progress thread may still hold it for a moment.
     pub fn release_uses(&self) {
         self.uses.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// The key table its keys are in: the device's, or its imported PD's exporter's.
+    #[inline]
+    pub(crate) fn keys(&self) -> &crate::mr::keys::KeyTable {
+        match &self.import {
+            None => &self.dev.keys,
+            Some(i) => &i.keys,
+        }
+    }
+
+    /// Where `len` bytes at `host` of a region pinned in [`Qp::keys`] are for this process.
+    #[inline]
+    pub(crate) fn place_local(
+        &self,
+        pin: &crate::mr::keys::Pin<'_>,
+        host: usize,
+        len: usize,
+    ) -> Option<crate::mr::access::Span> {
+        match &self.import {
+            None => Some(pin.owner_span(host, len)),
+            Some(i) => i.memory.locate(pin, host, len).ok(),
+        }
     }
 
     /// Counts `u` as held by the QP until it is destroyed.

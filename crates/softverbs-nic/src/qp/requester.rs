@@ -113,8 +113,8 @@ impl Qp {
                 pins: Vec::new(),
                 len: bytes.len() as u64,
             }),
-            Payload::Sges(sges) => pin_sges(self.pd.keys(), self.pd.id, sges, need, |p, h, n| {
-                self.pd.place(p, h, n)
+            Payload::Sges(sges) => pin_sges(self.keys(), self.pd.id, sges, need, |p, h, n| {
+                self.place_local(p, h, n)
             })
             .map_err(|_| WcStatus::LocProtErr),
         }
@@ -179,14 +179,14 @@ impl Qp {
     fn local_op(&self, op: SendOp) -> Outcome {
         // An imported PD's windows are its exporter's to bind and invalidate: their table's
         // allocation lock is the exporter's, which this process cannot take.
-        if self.pd.is_imported() {
+        if self.import.is_some() {
             let status = match op {
                 SendOp::LocalInv { .. } => WcStatus::LocQpOpErr,
                 _ => WcStatus::MwBindErr,
             };
             return Outcome::Done(status, 0);
         }
-        let keys = self.pd.keys();
+        let keys = self.keys();
         let (ok, failed) = match op {
             SendOp::BindLayout { key } => (
                 self.dev

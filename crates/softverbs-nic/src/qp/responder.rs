@@ -90,7 +90,7 @@ impl Responder for Qp {
     }
     #[inline]
     fn keys(&self) -> &KeyTable {
-        self.pd.keys()
+        Qp::keys(self)
     }
     #[inline]
     fn gid(&self) -> Gid {
@@ -110,7 +110,7 @@ impl Responder for Qp {
     }
     #[inline]
     fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
-        self.pd.place(pin, host, len)
+        self.place_local(pin, host, len)
     }
 }
 
