@@ -395,7 +395,17 @@ pub struct SrqAttr {
 pub struct SharedReceiveQueue {
     pub(crate) inner: Arc<Srq>,
     /// An XRC SRQ's hold on its receive point, let go with the last handle.
-    pub(crate) _xrc: Option<Arc<crate::xrc::XrcSrqHold>>,
+    pub(crate) _xrc: Option<Arc<XrcSrqHold>>,
+}
+
+/// Lets an XRC SRQ's receive point go when the program's last handle to the SRQ goes
+/// (the point holds the SRQ, so it would outlive every handle otherwise).
+pub(crate) struct XrcSrqHold(pub(crate) Arc<Srq>);
+
+impl Drop for XrcSrqHold {
+    fn drop(&mut self) {
+        self.0.release_uses();
+    }
 }
 
 impl SharedReceiveQueue {

@@ -1,10 +1,9 @@
 //! XRC: domains, XRC SRQs and target QPs (see `softverbs_nic::qp::xrc` for the model).
 
 use crate::cq::CompletionQueue;
-use crate::qp::{QueuePair, SharedReceiveQueue, SrqAttr};
+use crate::qp::{QueuePair, SharedReceiveQueue, SrqAttr, XrcSrqHold};
 use crate::{Context, ProtectionDomain, Result, XrcdOpen};
 use softverbs_nic::qp::QpCap;
-use softverbs_nic::qp::rq::Srq;
 use softverbs_nic::qp::xrc::Xrcd;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
@@ -40,15 +39,6 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct XrcDomain {
     pub(crate) inner: Arc<Xrcd>,
-}
-
-/// Lets an XRC SRQ's receive point go when the program's last handle to the SRQ goes.
-pub(crate) struct XrcSrqHold(Arc<Srq>);
-
-impl Drop for XrcSrqHold {
-    fn drop(&mut self) {
-        self.0.release_uses();
-    }
 }
 
 impl Context {

@@ -65,25 +65,34 @@ static inline struct ibv_ah_attr ah_to(union ibv_gid *gid) {
     return a;
 }
 
-/* RESET → INIT → RTR → RTS, connected to QP `dest` on port 1 of `gid`, allowing `access`. */
-static inline void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid, int access) {
+/* RESET → INIT on port 1, allowing `access`. */
+static inline void to_init(struct ibv_qp *qp, int access) {
     struct ibv_qp_attr a = {0};
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 1;
     a.qp_access_flags = access;
     CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
                                     IBV_QP_ACCESS_FLAGS) == 0);
-    memset(&a, 0, sizeof a);
+}
+
+/* INIT → RTR from QP `dest` on port 1 of `gid`; `extra`: the responder's attributes
+ * (IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QP_MIN_RNR_TIMER) that the QP type takes. Returns what
+ * ibv_modify_qp returned. */
+static inline int init_to_rtr(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid, int extra) {
+    struct ibv_qp_attr a = {0};
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = IBV_MTU_1024;
     a.dest_qp_num = dest;
     a.max_dest_rd_atomic = 1;
     a.min_rnr_timer = 12;
     a.ah_attr = ah_to(gid);
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                    IBV_QP_MIN_RNR_TIMER) == 0);
-    memset(&a, 0, sizeof a);
+    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                     IBV_QP_RQ_PSN | extra);
+}
+
+/* RTR → RTS with RC's requester attributes. */
+static inline void rtr_to_rts(struct ibv_qp *qp) {
+    struct ibv_qp_attr a = {0};
     a.qp_state = IBV_QPS_RTS;
     a.timeout = 14;
     a.retry_cnt = 7;
@@ -92,6 +101,13 @@ static inline void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid, 
     CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                     IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+}
+
+/* RESET → INIT → RTR → RTS, connected to QP `dest` on port 1 of `gid`, allowing `access`. */
+static inline void to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid, int access) {
+    to_init(qp, access);
+    CHECK(init_to_rtr(qp, dest, gid, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0);
+    rtr_to_rts(qp);
 }
 
 /* Both QPs to RTS, each connected to the other. */

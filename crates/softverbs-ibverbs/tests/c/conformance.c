@@ -1471,36 +1471,14 @@ static void family_fork(struct ibv_context *ctx) {
  * kernel's masks for each. */
 static void xrc_connect(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
     int ini = qp->qp_type == IBV_QPT_XRC_SEND;
-    struct ibv_qp_attr a = {0};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                    IBV_QP_ACCESS_FLAGS) == 0);
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr = ah_to(gid);
-    int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-    if (ini) /* an initiator receives nothing: no RNR timer, no responder resources */
-        CHECK(ibv_modify_qp(qp, &a, rtr | IBV_QP_MIN_RNR_TIMER) == EINVAL);
-    else
-        rtr |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-    CHECK(ibv_modify_qp(qp, &a, rtr) == 0);
-    if (!ini)
-        return;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                    IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+    to_init(qp, IBV_ACCESS_REMOTE_WRITE);
+    if (ini) { /* an initiator receives nothing: no RNR timer, no responder resources */
+        CHECK(init_to_rtr(qp, dest, gid, IBV_QP_MIN_RNR_TIMER) == EINVAL);
+        CHECK(init_to_rtr(qp, dest, gid, 0) == 0);
+        rtr_to_rts(qp);
+    } else {
+        CHECK(init_to_rtr(qp, dest, gid, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0);
+    }
 }
 
 static struct ibv_srq *xrc_srq(struct ibv_context *ctx, struct ibv_pd *pd,
@@ -1745,11 +1723,7 @@ static void family_import(struct ibv_context *ctx) {
     struct ibv_qp_init_attr ia = rc_init_attr(cq, 4, 1);
     struct ibv_qp *qp = ibv_create_qp(pd, &ia);
     CHECK(qp);
-    struct ibv_qp_attr a = {0};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                    IBV_QP_ACCESS_FLAGS) == 0);
+    to_init(qp, 0);
     struct ibv_sge s = {(uintptr_t)inbox, 4096, in->lkey};
     struct ibv_recv_wr r = {0}, *rb = NULL;
     r.wr_id = 7;
@@ -1782,16 +1756,8 @@ static void family_import(struct ibv_context *ctx) {
     CHECK(out && fscanf(out, "%u", &child_qpn) == 1);
     union ibv_gid gid;
     CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = child_qpn;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr = ah_to(&gid);
-    CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                    IBV_QP_MIN_RNR_TIMER) == 0);
+    CHECK(init_to_rtr(qp, child_qpn, &gid, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) ==
+          0);
     CHECK(write(to_child[1], "go\n", 3) == 3);
     struct ibv_wc wc = poll1(cq);
     CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 7 && wc.byte_len == 64);
