@@ -360,7 +360,12 @@ fn perftest(s: &Setup, sides: &Sides<'_>, port: u16, tool: &str, extra: &[&str],
     println!("{args:?} client:\n{}", ran.client);
 }
 
-const PP: &[&str] = &["ibv_rc_pingpong", "ibv_ud_pingpong", "ibv_srq_pingpong"];
+const PP: &[&str] = &[
+    "ibv_rc_pingpong",
+    "ibv_ud_pingpong",
+    "ibv_srq_pingpong",
+    "ibv_xsrq_pingpong",
+];
 
 #[test]
 fn ibv_rc_pingpong_between_hosts() {
@@ -403,6 +408,20 @@ fn ibv_ud_and_srq_pingpong_between_hosts() {
     let sides = Sides::default();
     pingpong(&s, &sides, 18515, "ibv_ud_pingpong", &[], 1000);
     pingpong(&s, &sides, 18516, "ibv_srq_pingpong", &["-n", "500"], 500);
+}
+
+/// XRC between hosts: the server's targets and XRC SRQs, the client's initiators naming an
+/// SRQ in every message's XRCETH. Both ends print `success` (the tool prints no counts).
+#[test]
+fn ibv_xsrq_pingpong_between_hosts() {
+    let Some(s) = setup("ibv_xsrq_pingpong between hosts", PP) else {
+        return;
+    };
+    let args = ["ibv_xsrq_pingpong", "-g", &s.gid[0], "-n", "50"];
+    let ran = run_pair(&s, &Sides::default(), 18517, &args);
+    for (side, out) in [("client", &ran.client), ("server", &ran.server)] {
+        assert!(out.lines().any(|l| l.trim() == "success"), "{side}: {out}");
+    }
 }
 
 const LAT: &[&str] = &[

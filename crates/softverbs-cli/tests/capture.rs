@@ -57,6 +57,7 @@ fn send(id: u64, len: u32) -> SendWr {
 
 fn recv(id: u64) -> RecvWr {
     RecvWr {
+        srq: 0,
         wr_id: id,
         sges: vec![Sge {
             addr: RECV,

@@ -171,6 +171,7 @@ fn hosts() -> (Endpoint<Guard>, Endpoint<Guard>) {
         for i in 0..n {
             b.with_qp(qpn, |q| {
                 q.post_recv(RecvWr {
+                    srq: 0,
                     wr_id: i,
                     sges: vec![Sge {
                         addr: BASE + 8192 + i * 512,

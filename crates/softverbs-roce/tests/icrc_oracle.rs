@@ -75,6 +75,9 @@ fn packets() -> Vec<Vec<u8>> {
                 src_qp: 0x42,
             });
         }
+        if opcode.transport == Transport::Xrc && op.is_request() {
+            h.xrceth = Some(0x00c0_0000 + i as u32);
+        }
         if op.has_reth() {
             h.reth = Some(Reth {
                 va: 0x7f00_1234_5000,

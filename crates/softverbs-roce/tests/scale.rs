@@ -79,6 +79,7 @@ fn run(n: usize, seed: u64) -> Figures {
                 let at = RECV + peer as u64 * SLOT + round * 4096;
                 ep.with_qp(qpn(peer), |q| {
                     q.post_recv(RecvWr {
+                        srq: 0,
                         wr_id: round,
                         sges: vec![Sge {
                             addr: at,

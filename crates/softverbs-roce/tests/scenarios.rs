@@ -84,6 +84,7 @@ impl Pair {
         let qpn = if h == self.a { QA } else { QB };
         self.ep(h).with_qp(qpn, |qp| {
             qp.post_recv(RecvWr {
+                srq: 0,
                 wr_id,
                 sges: vec![Sge {
                     addr: RECV + at,
@@ -668,6 +669,7 @@ fn a_receive_that_cannot_be_written_is_a_remote_operational_error() {
     let mut p = pair(QpType::Rc, |_| {});
     p.ep(p.b).with_qp(QB, |qp| {
         qp.post_recv(RecvWr {
+            srq: 0,
             wr_id: 3,
             sges: vec![Sge {
                 addr: RECV,

@@ -235,6 +235,7 @@ fn build(
             let needs_recv = matches!(kind, Kind::Send | Kind::SendImm | Kind::WriteImm);
             if needs_recv {
                 let wr = RecvWr {
+                    srq: 0,
                     wr_id,
                     sges: vec![Sge {
                         addr: RECV + slot,

@@ -123,8 +123,7 @@ pub mod cap_flags {
     pub const MEM_WINDOW: u32 = 1 << 17;
     /// Type-2B memory windows (bound to the QP that binds them).
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
-    /// XRC domains, SRQs and QPs (`IBV_DEVICE_XRC`): same-host devices only, as RoCE's
-    /// XRC transport is not implemented for networked ones.
+    /// XRC domains, SRQs and QPs (`IBV_DEVICE_XRC`).
     pub const XRC: u32 = 1 << 20;
 }
 
@@ -181,11 +180,7 @@ impl Device {
                 | cap_flags::RC_RNR_NAK_GEN
                 | cap_flags::MEM_WINDOW
                 | cap_flags::MEM_WINDOW_TYPE_2B
-                | if self.config.net.is_none() {
-                    cap_flags::XRC
-                } else {
-                    0
-                },
+                | cap_flags::XRC,
             max_sge: l.max_sge,
             max_sge_rd: l.max_sge,
             max_cq: l.max_cq,

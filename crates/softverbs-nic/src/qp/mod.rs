@@ -105,11 +105,6 @@ impl Qp {
         xrc: Option<(context::XrcRole, [u32; 4])>,
     ) -> Result<Arc<Qp>> {
         let dev = pd.ctx.dev.clone();
-        if matches!(init.qp_type, QpType::XrcSend | QpType::XrcRecv) && dev.config.net.is_some() {
-            return Err(Error::Unsupported(
-                "XRC on a networked device (RoCE's XRC transport is not implemented)".into(),
-            ));
-        }
         let l = &dev.config.limits;
         let c = init.cap;
         let check = |what: &str, v: u32, max: u32| {

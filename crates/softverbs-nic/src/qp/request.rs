@@ -141,6 +141,9 @@ pub(crate) trait Offload: Send + Sync {
     fn post(&self, seq: u32, w: &SendWqe<'_>, attr: &QpAttr) -> Result<()>;
     /// The QP moves from `from` to `to` with attributes `attr` (refused: the QP stays).
     fn moved(&self, qp: &Qp, from: QpState, to: QpState, attr: &QpAttr) -> Result<()>;
+    /// The QP receives without ever being connected (an XRC SRQ's receive point): the
+    /// executor is to know it from now on.
+    fn receive_only(&self) -> Result<()>;
     /// Waits (at most `within`) until the executor has finished every request handed to it,
     /// `done` being the number of the first it has not (which the executor advances).
     fn settle(&self, done: &std::sync::atomic::AtomicU32, within: Duration);

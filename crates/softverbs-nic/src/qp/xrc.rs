@@ -20,6 +20,7 @@
 //! another process has the domain open.
 
 use super::context::XrcRole;
+use super::request::Offload;
 use super::rq::Srq;
 use super::{Qp, QpCap, QpInit};
 use crate::cq::Cq;
@@ -111,19 +112,11 @@ fn file_id(file: BorrowedFd<'_>, how: XrcdOpen) -> Result<([u32; 4], OwnedFd)> {
 impl Context {
     /// `ibv_open_xrcd`: the XRC domain of `file` (shared with every process that opens the
     /// same file), or, without one, a domain of this process alone.
-    ///
-    /// Unsupported on a networked device: RoCE's XRC transport (its XRCETH header) is not
-    /// implemented yet.
     pub fn open_xrcd(
         self: &Arc<Self>,
         file: Option<BorrowedFd<'_>>,
         how: XrcdOpen,
     ) -> Result<Arc<Xrcd>> {
-        if self.dev.config.net.is_some() {
-            return Err(Error::Unsupported(
-                "XRC on a networked device (RoCE's XRC transport is not implemented)".into(),
-            ));
-        }
         let (id, lock) = match file {
             Some(f) => {
                 let (id, lock) = file_id(f, how)?;
@@ -241,6 +234,10 @@ impl Pd {
         // and does not count as a user of the PD, CQ or SRQ (the SRQ holds those).
         qp.release_uses();
         qp.ctx().state.store(QpState::Rtr as u32, Ordering::Release);
+        // A networked device's engine takes the SRQ's receives for the targets it serves.
+        if let Some(o) = &qp.offload {
+            o.receive_only()?;
+        }
         *srq.xrc.lock().unwrap_or_else(|e| e.into_inner()) = Some(XrcPoint {
             qp,
             cq: cq.clone(),

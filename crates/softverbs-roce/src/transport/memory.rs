@@ -52,6 +52,13 @@ pub trait Memory {
     fn gather(&self, pd: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError>;
     /// Writes `data` into the message buffer `sges` describe, at `offset`.
     fn scatter(&mut self, pd: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError>;
+    /// XRC: the memory (the `pd` argument of the other calls) of SRQ `srqn`, if it is an
+    /// XRC SRQ in the domain of the target QP whose memory is `target`; `None` refuses the
+    /// request. Memory without XRC SRQs has none.
+    fn xrc_srq(&self, target: u32, srqn: u32) -> Option<u32> {
+        let _ = (target, srqn);
+        None
+    }
     /// Invalidates `rkey` (a SEND with invalidate).
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError>;
     /// An RDMA FLUSH with global placement of `len` bytes at `va` of `rkey` (with

@@ -42,6 +42,27 @@ pub enum QpType {
     Rc,
     Uc,
     Ud,
+    /// XRC (either half): RC's protocol with XRC opcodes; an initiator names each message's
+    /// SRQ ([`SendWr::xrc_srqn`]), a target takes each message's receive and memory from the
+    /// SRQ it names ([`Memory::xrc_srq`]).
+    Xrc,
+}
+
+impl QpType {
+    /// RC and XRC: acknowledged, retried, errors reported to the requester.
+    pub fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::Xrc)
+    }
+
+    /// The transport of its packets.
+    pub fn transport(self) -> crate::wire::Transport {
+        match self {
+            QpType::Rc => crate::wire::Transport::Rc,
+            QpType::Uc => crate::wire::Transport::Uc,
+            QpType::Ud => crate::wire::Transport::Ud,
+            QpType::Xrc => crate::wire::Transport::Xrc,
+        }
+    }
 }
 
 bitflags::bitflags! {
@@ -193,6 +214,8 @@ pub struct SendWr {
     pub fence: bool,
     /// The destination of a UD message.
     pub ud: Option<UdDest>,
+    /// XRC: the SRQ that receives the message (in every packet's XRCETH).
+    pub xrc_srqn: u32,
 }
 
 impl SendWr {
@@ -207,6 +230,7 @@ impl SendWr {
             solicited: false,
             fence: false,
             ud: None,
+            xrc_srqn: 0,
         }
     }
 
@@ -229,6 +253,9 @@ impl SendWr {
 pub struct RecvWr {
     pub wr_id: u64,
     pub sges: Vec<Sge>,
+    /// XRC targets: the SRQ it was taken from, which only messages naming that SRQ use
+    /// (0 elsewhere).
+    pub srq: u32,
 }
 
 /// A work completion's status (the verbs' `enum ibv_wc_status`, as far as a transport can
@@ -285,6 +312,9 @@ pub struct Completion {
     pub grh: Option<NetworkHeader>,
     /// Solicited event requested by the sender (receive side).
     pub solicited: bool,
+    /// XRC targets: the SRQ the receive was taken from, whose CQ it belongs in (0
+    /// elsewhere).
+    pub srq: u32,
 }
 
 /// The IP version of a received datagram (the kernel's `rdma_network_type`): a UD receiver

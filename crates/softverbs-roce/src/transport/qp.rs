@@ -61,6 +61,7 @@ impl Shared {
             is_recv,
             grh: None,
             solicited: false,
+            srq: 0,
         }
     }
 
@@ -175,6 +176,11 @@ impl Qp {
         self.resp.posted()
     }
 
+    /// Receives posted that came from XRC SRQ `srq` (0: the QP's own).
+    pub fn posted_recvs_for(&self, srq: u32) -> usize {
+        self.resp.posted_for(srq)
+    }
+
     /// Posts a send work request; in the error state it is flushed at once.
     pub fn post_send(&mut self, now: Time, wr: SendWr) -> Result<(), PostError> {
         self.req.post(&mut self.shared, now, wr)?;
@@ -204,13 +210,7 @@ impl Qp {
             return;
         }
         let op = d.headers.bth.opcode;
-        if op.transport
-            != match s.cfg.qp_type {
-                QpType::Rc => crate::wire::Transport::Rc,
-                QpType::Uc => crate::wire::Transport::Uc,
-                QpType::Ud => crate::wire::Transport::Ud,
-            }
-        {
+        if op.transport != s.cfg.qp_type.transport() {
             s.counters.dropped += 1;
             return;
         }

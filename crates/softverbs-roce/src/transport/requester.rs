@@ -15,7 +15,7 @@ use super::{
 };
 use crate::Time;
 use crate::wire::{
-    AethKind, AtomicEth, Bth, Datagram, Deth, Headers, NakCode, Op, Opcode, Psn, Reth, Transport,
+    AethKind, AtomicEth, Bth, Datagram, Deth, Headers, NakCode, Op, Opcode, Psn, Reth,
 };
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -121,7 +121,7 @@ impl Requester {
         let cfg = &s.cfg;
         let len = wr.len();
         let ok = match (cfg.qp_type, &wr.op) {
-            (QpType::Rc, _) => true,
+            (QpType::Rc | QpType::Xrc, _) => true,
             (QpType::Uc, SendOp::Send { invalidate, .. }) => invalidate.is_none(),
             (QpType::Uc, SendOp::Write { .. }) => true,
             (
@@ -284,7 +284,7 @@ impl Requester {
         self.rnr_left = s.cfg.rnr_retry;
         self.went_back_to = None;
         self.deadline = match self.timeout {
-            Some(t) if self.una != self.frontier && s.cfg.qp_type == QpType::Rc => {
+            Some(t) if self.una != self.frontier && s.cfg.qp_type.is_reliable() => {
                 Some(now.after(t))
             }
             _ => None,
@@ -345,7 +345,7 @@ impl Requester {
         let h = &d.headers;
         let p = h.bth.psn;
         // Only responses to what was sent count: anything else is a stale duplicate or forged.
-        if s.cfg.qp_type != QpType::Rc || p.diff(self.una) < -1 || p.diff(self.frontier) >= 0 {
+        if !s.cfg.qp_type.is_reliable() || p.diff(self.una) < -1 || p.diff(self.frontier) >= 0 {
             s.counters.dropped += 1;
             return;
         }
@@ -513,7 +513,7 @@ impl Requester {
         if s.state == QpState::Err || self.rnr_until.is_some_and(|t| now < t) {
             return None;
         }
-        if s.cfg.qp_type == QpType::Rc && self.cursor.diff(self.una) >= s.cfg.window as i32 {
+        if s.cfg.qp_type.is_reliable() && self.cursor.diff(self.una) >= s.cfg.window as i32 {
             return None;
         }
         if self.cursor == self.assigned && !self.assign_next(s) {
@@ -526,11 +526,7 @@ impl Requester {
         let first = w.first?;
         let k = psn.diff(first) as u32;
         let offset = u64::from(k) * u64::from(pmtu);
-        let transport = match s.cfg.qp_type {
-            QpType::Rc => Transport::Rc,
-            QpType::Uc => Transport::Uc,
-            QpType::Ud => Transport::Ud,
-        };
+        let transport = s.cfg.qp_type.transport();
         let (dst, dest_qp) = match (s.cfg.qp_type, w.wr.ud, s.cfg.peer) {
             (QpType::Ud, Some(ud), _) => (ud.addr, ud.qpn),
             (_, _, Some(peer)) => peer,
@@ -651,6 +647,9 @@ impl Requester {
             }
             payload_len = n;
         }
+        if s.cfg.qp_type == QpType::Xrc {
+            h.xrceth = Some(w.wr.xrc_srqn);
+        }
         if s.cfg.qp_type == QpType::Ud {
             let ud = w.wr.ud?;
             h.deth = Some(Deth {
@@ -670,7 +669,7 @@ impl Requester {
         };
         // An ACK is asked for at the end of each message, every few packets, and when this
         // packet fills the window (nothing more goes out until one comes).
-        h.bth.ack_req = s.cfg.qp_type == QpType::Rc
+        h.bth.ack_req = s.cfg.qp_type.is_reliable()
             && (op.ends_message()
                 || psn.value() % ACK_REQ_EVERY == ACK_REQ_EVERY - 1
                 || next.diff(self.una) >= s.cfg.window as i32);
@@ -682,7 +681,7 @@ impl Requester {
             self.frontier = next;
         }
         match s.cfg.qp_type {
-            QpType::Rc => {
+            QpType::Rc | QpType::Xrc => {
                 if self.deadline.is_none()
                     && let Some(t) = self.timeout
                 {
@@ -711,7 +710,7 @@ impl Requester {
         let Some(i) = self.wqes.iter().position(|w| w.first.is_none()) else {
             return false;
         };
-        if s.cfg.qp_type == QpType::Rc {
+        if s.cfg.qp_type.is_reliable() {
             if self.assigned.diff(self.una) >= s.cfg.window as i32 {
                 return false;
             }

@@ -9,8 +9,7 @@ use super::{
     WcOpcode, WcStatus,
 };
 use crate::wire::{
-    Aeth, AethKind, AtomicAckEth, Bth, Datagram, GRH_LEN, Headers, IpRepr, NakCode, Op, Opcode,
-    Psn, Transport,
+    Aeth, AethKind, AtomicAckEth, Bth, Datagram, GRH_LEN, Headers, IpRepr, NakCode, Op, Opcode, Psn,
 };
 use std::collections::VecDeque;
 
@@ -42,8 +41,16 @@ struct Resource {
 
 #[derive(Clone, Copy)]
 enum ResourceKind {
-    Read { va: u64, rkey: u32, len: u64 },
-    Atomic { original: u64 },
+    /// `pd`: the memory it read (the QP's, or for XRC the SRQ's the request named).
+    Read {
+        pd: u32,
+        va: u64,
+        rkey: u32,
+        len: u64,
+    },
+    Atomic {
+        original: u64,
+    },
 }
 
 /// An answer waiting to be sent, in PSN order.
@@ -68,6 +75,7 @@ enum Reply {
         first: Psn,
         npkts: u32,
         next: Psn,
+        pd: u32,
         va: u64,
         rkey: u32,
         len: u64,
@@ -115,6 +123,17 @@ impl Responder {
         self.rq.push_back(wr);
     }
 
+    /// Receives posted for SRQ `srq` (XRC; 0: the QP's own).
+    pub fn posted_for(&self, srq: u32) -> usize {
+        self.rq.iter().filter(|w| w.srq == srq).count()
+    }
+
+    /// The oldest receive of SRQ `srq` (0: the QP's own queue).
+    fn take_recv(&mut self, srq: u32) -> Option<RecvWr> {
+        let i = self.rq.iter().position(|w| w.srq == srq)?;
+        self.rq.remove(i)
+    }
+
     /// Every posted receive completes with `WR_FLUSH_ERR`, and nothing but a NAK already
     /// queued is sent (the QP is in the error state).
     pub fn flush(&mut self, s: &mut Shared) {
@@ -122,7 +141,7 @@ impl Responder {
             self.rq.push_front(wqe);
         }
         for wr in self.rq.drain(..) {
-            let c = s.completion(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, true);
+            let c = recv_done(s, &wr, WcStatus::WrFlushErr, WcOpcode::Recv);
             s.complete(c);
         }
         // What the responder executed before the error is answered before its NAK, as on the
@@ -140,7 +159,7 @@ impl Responder {
 
     pub fn handle<M: Memory>(&mut self, s: &mut Shared, mem: &mut M, d: &Datagram<'_>) {
         match s.cfg.qp_type {
-            QpType::Rc => self.handle_rc(s, mem, d),
+            QpType::Rc | QpType::Xrc => self.handle_rc(s, mem, d),
             QpType::Uc => self.handle_uc(s, mem, d),
             QpType::Ud => self.handle_ud(s, mem, d),
         }
@@ -213,11 +232,12 @@ impl Responder {
                 return;
             };
             match (r.kind, op) {
-                (ResourceKind::Read { va, rkey, len }, op) if op.is_read_like() => {
+                (ResourceKind::Read { pd, va, rkey, len }, op) if op.is_read_like() => {
                     self.replies.push_back(Reply::Read {
                         first: r.first,
                         npkts: r.npkts,
                         next: p,
+                        pd,
                         va,
                         rkey,
                         len,
@@ -246,11 +266,13 @@ impl Responder {
     /// A READ of `len` bytes at `va` (or an ATOMIC WRITE, `len` 0) taking PSNs
     /// `first..first + npkts` was executed: keep its resource for duplicates, queue its
     /// response and expect the PSN after it.
+    #[allow(clippy::too_many_arguments)]
     fn answer_like_read(
         &mut self,
         s: &mut Shared,
         first: Psn,
         npkts: u32,
+        pd: u32,
         va: u64,
         rkey: u32,
         len: u64,
@@ -260,7 +282,7 @@ impl Responder {
             Resource {
                 first,
                 npkts,
-                kind: ResourceKind::Read { va, rkey, len },
+                kind: ResourceKind::Read { pd, va, rkey, len },
             },
         );
         self.msn = (self.msn + 1) & 0xff_ffff;
@@ -268,6 +290,7 @@ impl Responder {
             first,
             npkts,
             next: first,
+            pd,
             va,
             rkey,
             len,
@@ -303,12 +326,21 @@ impl Responder {
         {
             return Err(invalid());
         }
+        // XRC: every request names its SRQ, whose memory (and receive) it uses, if that SRQ
+        // is in the target's domain; RC: the QP's own.
+        let (pd, srq) = match (s.cfg.qp_type, h.xrceth) {
+            (QpType::Xrc, Some(srqn)) => match mem.xrc_srq(s.cfg.pd, srqn) {
+                Some(pd) => (pd, srqn),
+                None => return Err(invalid()),
+            },
+            (QpType::Xrc, None) => return Err(invalid()),
+            _ => (s.cfg.pd, 0),
+        };
         self.nak_sent = false;
-        let pd = s.cfg.pd;
         if op.is_send() {
             let (wqe, offset) = match self.cur.take() {
                 Some(InMessage::Send { wqe, offset }) => (wqe, offset),
-                _ => match self.rq.pop_front() {
+                _ => match self.take_recv(srq) {
                     Some(wqe) => (wqe, 0),
                     None => return Err(Refusal::Rnr),
                 },
@@ -318,7 +350,7 @@ impl Responder {
                     MemError::OutOfBounds => WcStatus::LocLenErr,
                     _ => WcStatus::LocProtErr,
                 };
-                let c = s.completion(wqe.wr_id, status, WcOpcode::Recv, true);
+                let c = recv_done(s, &wqe, status, WcOpcode::Recv);
                 s.complete(c);
                 let code = if status == WcStatus::LocLenErr {
                     NakCode::InvalidRequest
@@ -329,14 +361,13 @@ impl Responder {
             }
             let total = offset + n;
             if op.ends_message() {
-                let mut c = s.completion(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, true);
+                let mut c = recv_done(s, &wqe, WcStatus::Success, WcOpcode::Recv);
                 c.byte_len = total as u32;
                 c.imm = h.imm;
                 c.solicited = bth.solicited;
                 if let Some(rkey) = h.ieth {
                     if mem.invalidate(pd, rkey).is_err() {
-                        let c =
-                            s.completion(wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, true);
+                        let c = recv_done(s, &wqe, WcStatus::RemInvReqErr, WcOpcode::Recv);
                         s.complete(c);
                         return Err(invalid());
                     }
@@ -387,7 +418,7 @@ impl Responder {
             // WRITE with immediate needs its receive before any byte lands, so that the
             // packet an RNR NAK turns back is executed whole when it comes again.
             let wqe = if op.has_imm() {
-                match self.rq.pop_front() {
+                match self.take_recv(srq) {
                     Some(w) => Some(w),
                     None => {
                         if !op.starts_message() {
@@ -413,12 +444,7 @@ impl Responder {
             }
             if op.ends_message() {
                 if let Some(wqe) = wqe {
-                    let mut c = s.completion(
-                        wqe.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::RecvRdmaWithImm,
-                        true,
-                    );
+                    let mut c = recv_done(s, &wqe, WcStatus::Success, WcOpcode::RecvRdmaWithImm);
                     c.byte_len = len as u32;
                     c.imm = h.imm;
                     c.solicited = bth.solicited;
@@ -452,7 +478,7 @@ impl Responder {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError, None));
             }
             let npkts = len.div_ceil(pmtu).max(1) as u32;
-            self.answer_like_read(s, bth.psn, npkts, reth.va, reth.rkey, len);
+            self.answer_like_read(s, bth.psn, npkts, pd, reth.va, reth.rkey, len);
             return Ok(());
         } else if op == Op::Flush {
             let (Some(feth), Some(reth)) = (h.feth, h.reth) else {
@@ -473,7 +499,7 @@ impl Responder {
             {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError, None));
             }
-            self.answer_like_read(s, bth.psn, 1, reth.va, reth.rkey, 0);
+            self.answer_like_read(s, bth.psn, 1, pd, reth.va, reth.rkey, 0);
             return Ok(());
         } else if op == Op::AtomicWrite {
             let Some(reth) = h.reth else {
@@ -494,7 +520,7 @@ impl Responder {
                 Err(_) => return Err(Refusal::Nak(NakCode::RemoteAccessError, None)),
             }
             // Answered and replayed like a READ of no bytes.
-            self.answer_like_read(s, bth.psn, 1, reth.va, reth.rkey, 0);
+            self.answer_like_read(s, bth.psn, 1, pd, reth.va, reth.rkey, 0);
             return Ok(());
         } else if op.is_atomic() {
             let Some(a) = h.atomic_eth else {
@@ -618,7 +644,7 @@ impl Responder {
         let placed = mem
             .scatter(pd, &wqe.sges, 0, &grh)
             .and_then(|()| mem.scatter(pd, &wqe.sges, GRH_LEN as u64, d.payload));
-        let mut c = s.completion(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, true);
+        let mut c = recv_done(s, &wqe, WcStatus::Success, WcOpcode::Recv);
         match placed {
             Ok(()) => {
                 c.byte_len = (GRH_LEN + d.payload.len()) as u32;
@@ -641,13 +667,14 @@ impl Responder {
         buf: &mut [u8],
     ) -> Option<Transmit> {
         let (peer, dest_qp) = s.cfg.peer?;
-        if s.cfg.qp_type != QpType::Rc {
+        if !s.cfg.qp_type.is_reliable() {
             return None;
         }
         let front = self.replies.front_mut()?;
         let pmtu = u64::from(s.cfg.pmtu);
         let msn = self.msn;
-        let opcode = |op| Opcode::new(Transport::Rc, op).expect("every RC operation exists");
+        let transport = s.cfg.qp_type.transport();
+        let opcode = |op| Opcode::new(transport, op).expect("every RC operation exists");
         let mut payload_len = 0;
         let h = match front {
             Reply::Ack { psn } => with_aeth(opcode(Op::Ack), dest_qp, *psn, Aeth::ack(msn)),
@@ -682,6 +709,7 @@ impl Responder {
                 first,
                 npkts,
                 next,
+                pd,
                 va,
                 rkey,
                 len,
@@ -697,11 +725,7 @@ impl Responder {
                 let offset = u64::from(k) * pmtu;
                 let n = (*len - offset.min(*len)).min(pmtu) as usize;
                 let out = buf.get_mut(..n)?;
-                if n > 0
-                    && mem
-                        .read(s.cfg.pd, *rkey, va.wrapping_add(offset), out)
-                        .is_err()
-                {
+                if n > 0 && mem.read(*pd, *rkey, va.wrapping_add(offset), out).is_err() {
                     // The region went away since the request was checked.
                     let psn = *next;
                     let replay = *replay;
@@ -742,6 +766,13 @@ impl Responder {
             payload_len,
         })
     }
+}
+
+/// The completion of receive `wqe`, in the CQ of the SRQ it came from (XRC).
+fn recv_done(s: &Shared, wqe: &RecvWr, status: WcStatus, opcode: WcOpcode) -> super::Completion {
+    let mut c = s.completion(wqe.wr_id, status, opcode, true);
+    c.srq = wqe.srq;
+    c
 }
 
 fn with_aeth(opcode: Opcode, dest_qp: u32, psn: Psn, aeth: Aeth) -> Headers {

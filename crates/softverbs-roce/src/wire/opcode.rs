@@ -11,6 +11,9 @@ pub enum Transport {
     Uc,
     /// Unreliable datagram (`011`).
     Ud,
+    /// Extended reliable connected (`101`): RC's operations, every request with an XRCETH
+    /// naming the XRC SRQ it is for.
+    Xrc,
 }
 
 impl Transport {
@@ -19,6 +22,7 @@ impl Transport {
             Transport::Rc => 0x00,
             Transport::Uc => 0x20,
             Transport::Ud => 0x60,
+            Transport::Xrc => 0xa0,
         }
     }
 }
@@ -278,19 +282,20 @@ impl Opcode {
     /// `op` on `transport`, if that transport has it.
     pub fn new(transport: Transport, op: Op) -> Option<Opcode> {
         let ok = match transport {
-            Transport::Rc => true,
+            Transport::Rc | Transport::Xrc => true,
             Transport::Uc => (op.is_send() && !op.has_ieth()) || op.is_write(),
             Transport::Ud => matches!(op, Op::SendOnly | Op::SendOnlyImm),
         };
         ok.then_some(Opcode { transport, op })
     }
 
-    /// Decodes an opcode byte; anything outside RC, UC and UD's opcodes is an error.
+    /// Decodes an opcode byte; anything outside RC, UC, UD and XRC's opcodes is an error.
     pub fn from_u8(b: u8) -> Result<Opcode, WireError> {
         let transport = match b & 0xe0 {
             0x00 => Transport::Rc,
             0x20 => Transport::Uc,
             0x60 => Transport::Ud,
+            0xa0 => Transport::Xrc,
             _ => return Err(WireError::Opcode(b)),
         };
         let op = OPS
@@ -308,7 +313,7 @@ impl Opcode {
 
     /// Every opcode, for tests and tables.
     pub fn all() -> impl Iterator<Item = Opcode> {
-        [Transport::Rc, Transport::Uc, Transport::Ud]
+        [Transport::Rc, Transport::Uc, Transport::Ud, Transport::Xrc]
             .into_iter()
             .flat_map(|t| OPS.iter().filter_map(move |(op, _)| Opcode::new(t, *op)))
     }
@@ -330,8 +335,8 @@ mod tests {
                 Err(e) => assert_eq!(e, WireError::Opcode(b)),
             }
         }
-        // RC 25, UC 12 (SEND and WRITE, no invalidate), UD 2.
-        assert_eq!(valid, 25 + 12 + 2);
+        // RC 25, UC 12 (SEND and WRITE, no invalidate), UD 2, XRC 25 (RC's).
+        assert_eq!(valid, 25 + 12 + 2 + 25);
         assert_eq!(Opcode::all().count(), valid);
     }
 
@@ -347,6 +352,10 @@ mod tests {
         assert_eq!(rc(Op::AtomicWrite), 0x1d);
         assert_eq!(rc(Op::Flush), 0x1c);
         assert!(Opcode::new(Transport::Uc, Op::AtomicWrite).is_none());
+        // XRC is RC's operations at 0xA0 (IBTA 9.2: XRC SEND FIRST 0xA0, ACKNOWLEDGE 0xB1).
+        let xrc = |op| Opcode::new(Transport::Xrc, op).unwrap().to_u8();
+        assert_eq!((xrc(Op::SendFirst), xrc(Op::Ack)), (0xa0, 0xb1));
+        assert_eq!(xrc(Op::FetchAdd), 0xb4);
         assert_eq!(
             Opcode::new(Transport::Uc, Op::WriteLast).unwrap().to_u8(),
             0x28

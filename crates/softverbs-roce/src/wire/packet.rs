@@ -22,6 +22,8 @@ pub struct Headers {
     pub ieth: Option<u32>,
     /// A FLUSH's FETH: placement type in bits 3..0, selectivity in bits 5..4.
     pub feth: Option<u32>,
+    /// An XRC request's XRCETH: the XRC SRQ number (24 bits).
+    pub xrceth: Option<u32>,
 }
 
 impl Headers {
@@ -37,6 +39,7 @@ impl Headers {
             imm: None,
             ieth: None,
             feth: None,
+            xrceth: None,
         }
     }
 
@@ -51,11 +54,17 @@ impl Headers {
             + self.imm.map_or(0, |_| 4)
             + self.ieth.map_or(0, |_| 4)
             + self.feth.map_or(0, |_| 4)
+            + self.xrceth.map_or(0, |_| 4)
     }
 
     /// Always false: there is a BTH.
     pub fn is_empty(&self) -> bool {
         false
+    }
+
+    /// True for an XRC request, which names its SRQ in an XRCETH right after the BTH.
+    fn needs_xrceth(&self) -> bool {
+        self.bth.opcode.transport == Transport::Xrc && self.bth.opcode.op.is_request()
     }
 
     /// Checks that exactly the extension headers the opcode calls for are present.
@@ -75,6 +84,7 @@ impl Headers {
             (self.imm.is_some(), op.has_imm(), "ImmDt"),
             (self.ieth.is_some(), op.has_ieth(), "IETH"),
             (self.feth.is_some(), op.has_feth(), "FETH"),
+            (self.xrceth.is_some(), self.needs_xrceth(), "XRCETH"),
         ];
         match want.iter().find(|(have, need, _)| have != need) {
             Some((_, _, name)) => Err(WireError::HeaderMismatch(name)),
@@ -96,6 +106,9 @@ impl Headers {
         };
         if bth.opcode.transport == Transport::Ud {
             h.deth = Some(Deth::parse(next(Deth::LEN, "DETH")?)?);
+        }
+        if h.needs_xrceth() {
+            h.xrceth = Some(be32(next(4, "XRCETH")?) & 0xff_ffff);
         }
         // A FLUSH's FETH comes before its RETH (IBTA 1.5, soft-RoCE's header offsets).
         if op.has_feth() {
@@ -160,6 +173,10 @@ impl Headers {
         let mut at = bth.emit(b)?;
         if let Some(x) = self.deth {
             at += x.emit(&mut b[at..])?;
+        }
+        if let Some(x) = self.xrceth {
+            b[at..at + 4].copy_from_slice(&(x & 0xff_ffff).to_be_bytes());
+            at += 4;
         }
         if let Some(x) = self.feth {
             b[at..at + 4].copy_from_slice(&x.to_be_bytes());

@@ -97,6 +97,7 @@ impl Offload for NetQp {
             wr_id: w.wr_id,
             seq,
             opcode: w.op.opcode() as u8,
+            xrc_srqn: w.xrc_srqn,
             ..NetWqe::default()
         };
         let f = |flag: SendFlags, bit: u8| if w.flags.contains(flag) { bit } else { 0 };
@@ -211,6 +212,10 @@ impl Offload for NetQp {
         }
         self.link.ring();
         Ok(())
+    }
+
+    fn receive_only(&self) -> Result<()> {
+        self.link.send(&Ctl::Open { qpn: self.qpn })
     }
 
     fn settle(&self, done: &std::sync::atomic::AtomicU32, within: std::time::Duration) {

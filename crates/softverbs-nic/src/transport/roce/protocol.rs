@@ -350,7 +350,9 @@ pub(crate) struct NetWqe {
     /// `WrOpcode` value.
     pub opcode: u8,
     pub flags: u8,
-    pub _pad: [u8; 6],
+    pub _pad: [u8; 2],
+    /// XRC initiators: the SRQ the message is for.
+    pub xrc_srqn: u32,
 }
 
 // SAFETY: repr(C) integers and byte arrays; any bit pattern is a value.

@@ -34,6 +34,9 @@ fn headers_for(opcode: Opcode, seed: u64) -> Headers {
             src_qp: (seed as u32 >> 3) & 0xff_ffff,
         });
     }
+    if opcode.transport == Transport::Xrc && op.is_request() {
+        h.xrceth = Some((seed as u32 >> 5) & 0xff_ffff);
+    }
     if op.has_reth() {
         h.reth = Some(Reth {
             va: seed.rotate_left(7),
@@ -253,4 +256,26 @@ proptest! {
             prop_assert_eq!(d.headers.bth.dest_qp, h.bth.dest_qp);
         }
     }
+}
+
+/// An XRC request carries its SRQ number right after the BTH; an XRC ACK has no XRCETH.
+#[test]
+fn xrc_requests_carry_an_xrceth_after_the_bth() {
+    let send = Opcode::new(Transport::Xrc, Op::SendOnly).unwrap();
+    assert_eq!(send.to_u8(), 0xa4);
+    let mut h = Headers::new(Bth::new(send, 7, Psn::new(1)));
+    assert!(h.check().is_err(), "an XRC request without its XRCETH");
+    h.xrceth = Some(0x12_3456);
+    let mut buf = [0u8; 64];
+    let n = h.emit(b"abcd", &mut buf).unwrap();
+    assert_eq!(&buf[12..16], &[0, 0x12, 0x34, 0x56]);
+    assert_eq!(&buf[16..20], b"abcd");
+    let (back, payload) = Headers::parse(&buf[..n]).unwrap();
+    assert_eq!((back, payload), (h, &b"abcd"[..]));
+    let ack = Opcode::new(Transport::Xrc, Op::Ack).unwrap();
+    assert_eq!(ack.to_u8(), 0xb1);
+    let mut a = Headers::new(Bth::new(ack, 7, Psn::new(1)));
+    a.aeth = Some(crate::wire::Aeth::ack(3));
+    let n = a.emit(&[], &mut buf).unwrap();
+    assert_eq!(Headers::parse(&buf[..n]).unwrap().0.xrceth, None);
 }

@@ -9,6 +9,7 @@
 
 use crate::mr::access::{self, AtomicOp as NicAtomic, Span};
 use crate::mr::resolve::{pin_range, pin_sges};
+use crate::qp::context::XrcRole;
 use crate::qp::responder::Responder;
 use crate::transport::same_host::RemoteQp;
 use crate::types::{AccessFlags, Sge as NicSge};
@@ -20,6 +21,8 @@ use std::sync::Arc;
 #[derive(Default)]
 pub(crate) struct HostMemory {
     pub(crate) by_tag: HashMap<u32, Arc<RemoteQp>>,
+    /// The XRC SRQ receive points it serves, by SRQ number: their tags.
+    pub(crate) xrc_points: HashMap<u32, u32>,
 }
 
 fn need(access: Access) -> AccessFlags {
@@ -119,6 +122,13 @@ impl HostMemory {
 }
 
 impl Memory for HostMemory {
+    fn xrc_srq(&self, target: u32, srqn: u32) -> Option<u32> {
+        let domain = self.qp(target).ok()?.ctx().xrc_domain(XrcRole::Target)?;
+        let tag = *self.xrc_points.get(&srqn)?;
+        let point = self.qp(tag).ok()?;
+        point.ctx().is_xrc(XrcRole::Srq, domain).then_some(tag)
+    }
+
     fn check(&self, pd: u32, rkey: u32, va: u64, len: u64, access: Access) -> Result<(), MemError> {
         let q = self.qp(pd)?;
         if access == Access::Atomic && va % 8 != 0 {

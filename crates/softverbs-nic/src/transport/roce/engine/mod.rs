@@ -40,6 +40,7 @@ use crate::device_memory::doorbell::Doorbell;
 use crate::device_memory::ring::Ring;
 use crate::device_memory::segment::Segment;
 use crate::mr::window::WindowBind;
+use crate::qp::context::XrcRole;
 use crate::qp::responder::Responder;
 use crate::transport::same_host::RemoteQp;
 use crate::types::{
@@ -57,8 +58,8 @@ use rustix::net::{
 use softverbs_roce::Time;
 use softverbs_roce::endpoint::Endpoint;
 use softverbs_roce::transport::{
-    Completion, Event, NetworkHeader, QpAccess, QpConfig, QpCounters, QpError, QpType, RecvWr,
-    SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
+    Completion, Event, Memory, NetworkHeader, QpAccess, QpConfig, QpCounters, QpError, QpType,
+    RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
 };
 use softverbs_roce::wire::{NakCode, Psn};
 use std::collections::{HashMap, VecDeque};
@@ -453,6 +454,7 @@ fn send_wr(w: &NetWqe, items: &[NicSge]) -> Option<SendWr> {
             })
             .collect();
     }
+    wr.xrc_srqn = w.xrc_srqn;
     if w.ud_qpn != 0 || w.ud_qkey != 0 || w.ud_dst != [0; 16] {
         wr.ud = Some(UdDest {
             addr: ip_of(Gid(w.ud_dst)),
@@ -461,6 +463,17 @@ fn send_wr(w: &NetWqe, items: &[NicSge]) -> Option<SendWr> {
         });
     }
     Some(wr)
+}
+
+/// A receive WQE's SGEs as the core takes them.
+fn core_sges(sges: &[crate::types::Sge]) -> Vec<Sge> {
+    sges.iter()
+        .map(|s| Sge {
+            addr: s.addr,
+            len: s.length,
+            lkey: s.lkey,
+        })
+        .collect()
 }
 
 impl Engine {
@@ -759,6 +772,9 @@ impl Engine {
                 let tag = self.next_tag;
                 self.next_tag = self.next_tag.wrapping_add(1).max(1);
                 self.ep.mem.by_tag.insert(tag, remote.clone());
+                if remote.ctx().xrc_domain(XrcRole::Srq).is_some() {
+                    self.ep.mem.xrc_points.insert(qpn, tag);
+                }
                 self.qps.insert(
                     qpn,
                     EngineQp {
@@ -783,6 +799,8 @@ impl Engine {
                     2 => QpType::Rc,
                     3 => QpType::Uc,
                     4 => QpType::Ud,
+                    // An XRC initiator (9) or target (10).
+                    9 | 10 => QpType::Xrc,
                     _ => {
                         self.totals.bad_messages += 1;
                         return;
@@ -880,6 +898,7 @@ impl Engine {
         self.groups.retain(|s| !empty.contains(&s.addr));
         if let Some(q) = self.qps.remove(&qpn) {
             self.ep.mem.by_tag.remove(&q.tag);
+            self.ep.mem.xrc_points.remove(&qpn);
             if q.live {
                 if let Some(qp) = self.ep.qp(qpn) {
                     add_counters(&mut self.totals.gone, qp.counters());
@@ -953,6 +972,15 @@ impl Engine {
                                 self.lend_receive(m);
                             }
                         }
+                        // An XRC request names the SRQ whose receive it needs (XRCETH).
+                        // (`bth` is the BTH's QP number: its opcode is 5 bytes before, the
+                        // XRCETH's SRQ number 8 bytes after.)
+                        None if self.rx[bth - 5] & 0xe0 == 0xa0 && end >= bth + 11 => {
+                            let x = bth + 8;
+                            let srqn =
+                                u32::from_be_bytes([0, self.rx[x], self.rx[x + 1], self.rx[x + 2]]);
+                            self.lend_xrc_receive(qpn, srqn);
+                        }
                         None => self.lend_receive(qpn),
                     }
                 }
@@ -973,15 +1001,32 @@ impl Engine {
         if let Some(w) = q.remote.take_recv() {
             let wr = RecvWr {
                 wr_id: w.wr_id,
-                sges: w
-                    .sges
-                    .iter()
-                    .map(|s| Sge {
-                        addr: s.addr,
-                        len: s.length,
-                        lkey: s.lkey,
-                    })
-                    .collect(),
+                sges: core_sges(&w.sges),
+                srq: 0,
+            };
+            self.ep.with_qp(qpn, |c| c.post_recv(wr));
+        }
+    }
+
+    /// XRC: gives target `qpn`'s core one receive WQE of SRQ `srqn` if it has none of it,
+    /// taken from the SRQ's receive point only when the SRQ is in the target's domain (a
+    /// message to another one is refused by the core, and must not use up a receive).
+    fn lend_xrc_receive(&mut self, qpn: u32, srqn: u32) {
+        let Some(q) = self.qps.get(&qpn) else { return };
+        if !q.live
+            || self.ep.mem.xrc_srq(q.tag, srqn).is_none()
+            || self.ep.qp(qpn).is_none_or(|c| c.posted_recvs_for(srqn) > 0)
+        {
+            return;
+        }
+        let Some(point) = self.qps.get(&srqn) else {
+            return;
+        };
+        if let Some(w) = point.remote.take_recv() {
+            let wr = RecvWr {
+                wr_id: w.wr_id,
+                sges: core_sges(&w.sges),
+                srq: srqn,
             };
             self.ep.with_qp(qpn, |c| c.post_recv(wr));
         }
@@ -1190,7 +1235,9 @@ impl Engine {
     }
 
     fn complete_recv(&mut self, qpn: u32, c: &Completion) {
-        let Some(q) = self.qps.get(&qpn) else { return };
+        // An XRC target's receive belongs in the CQ of the SRQ it came from.
+        let at = if c.srq != 0 { c.srq } else { qpn };
+        let Some(q) = self.qps.get(&at) else { return };
         let mut flags = WcFlags::empty();
         if c.imm.is_some() {
             flags |= WcFlags::WITH_IMM;
@@ -1229,8 +1276,11 @@ impl Engine {
             solicited: u8::from(c.solicited),
             ..Cqe::default()
         });
-        // The message used the receive it was lent; lend the next before the next message.
-        self.lend_receive(qpn);
+        // The message used the receive it was lent; lend the next before the next message
+        // (an XRC target's are lent per message, from the SRQ each names).
+        if c.srq == 0 {
+            self.lend_receive(qpn);
+        }
     }
 
     fn qp_failed(&mut self, qpn: u32, why: QpError) {
