@@ -235,6 +235,7 @@ impl Context {
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         Ok(ProtectionDomain {
             inner: self.inner.alloc_pd()?,
+            parent: None,
         })
     }
 

@@ -38,6 +38,7 @@
 mod cq;
 mod device;
 mod mr;
+mod parent_domain;
 mod qp;
 mod shared;
 mod xrc;
@@ -48,6 +49,7 @@ pub use cq::{
 };
 pub use device::{Context, Device, DeviceBuilder, DeviceClock, devices};
 pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, ProtectionDomain};
+pub use parent_domain::ThreadDomain;
 pub use qp::{
     AddressHandle, Endpoint, QpInitAttr, QueuePair, RecvWr, SendWr, SharedReceiveQueue, SrqAttr,
     UdTarget, WrData, address_vector,

@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 #[derive(Clone)]
 pub struct ProtectionDomain {
     pub(crate) inner: Arc<Pd>,
+    /// A parent domain's thread domain and its hold on the PD it is.
+    pub(crate) parent: Option<Arc<crate::parent_domain::Parent>>,
 }
 
 impl ProtectionDomain {

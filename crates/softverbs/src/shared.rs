@@ -52,6 +52,7 @@ impl Context {
     pub fn import_pd(&self, handle: u32) -> Result<ProtectionDomain> {
         Ok(ProtectionDomain {
             inner: self.inner.import_pd(handle)?,
+            parent: None,
         })
     }
 }

@@ -14,6 +14,7 @@ mod mw;
 mod noncontig;
 mod odp;
 mod ordering;
+mod parent_domain;
 mod rc;
 mod relaxed;
 mod srq;
