@@ -584,6 +584,9 @@ pub struct ibv_qp_ex {
     pub wr_atomic_write: Option<unsafe extern "C" fn(Qx, u32, u64, *const c_void)>,
 }
 
+/// rdma-core 45's `wr_flush(qp, rkey, remote_addr, len, type, level)`.
+pub type WrFlush = unsafe extern "C" fn(Qx, u32, u64, usize, u8, u8);
+
 type Cx = *mut ibv_cq_ex;
 
 /// `struct ibv_poll_cq_attr`.

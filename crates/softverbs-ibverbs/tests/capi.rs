@@ -241,6 +241,13 @@ fn c_shared_pds() {
     run_c_program_with("conformance", false, &["import"]);
 }
 
+/// `conformance flush`: RDMA FLUSH through rdma-core 45's `ibv_wr_flush` slot, its cap, and
+/// its errors.
+#[test]
+fn c_rdma_flush() {
+    run_c_program_with("conformance", false, &["flush"]);
+}
+
 /// `conformance awrite`: RDMA ATOMIC WRITE through `ibv_wr_atomic_write` and `ibv_post_send`,
 /// its cap, and its errors.
 #[test]

@@ -199,6 +199,10 @@ struct SvSrq {
 struct SvQp {
     /// `qp_base` first, so the `ibv_qp *` and the `ibv_qp_ex *` are the same address.
     qpx: ibv_qp_ex,
+    /// rdma-core 45's `ibv_qp_ex::wr_flush`, the member after `wr_atomic_write` (the last
+    /// of rdma-core 44's struct, which `qpx` is): a program built against newer headers
+    /// finds it here.
+    wr_flush: Option<WrFlush>,
     /// Work requests built by the `ibv_wr_*` API between `wr_start` and `wr_complete`.
     batch: Mutex<Batch>,
     nic: Arc<Qp>,
@@ -207,6 +211,9 @@ struct SvQp {
     /// handle only; the QP is its creator's.
     opened: bool,
 }
+
+// rdma-core 45's `wr_flush` member is where a program built against it looks.
+const _: () = assert!(std::mem::offset_of!(SvQp, wr_flush) == std::mem::size_of::<ibv_qp_ex>());
 
 impl SvContext {
     /// Whether `ibv_get_async_event` waits: unless the program set `O_NONBLOCK` on

@@ -118,6 +118,7 @@ pub(super) unsafe fn wrap_qp(
     let reg = unsafe { ctx_of(context) }.reg.clone();
     let b = Box::into_raw(Box::new(SvQp {
         qpx: qp_ex(qp),
+        wr_flush: Some(wr_flush),
         batch: Mutex::new(Batch::default()),
         nic,
         reg: reg.clone(),

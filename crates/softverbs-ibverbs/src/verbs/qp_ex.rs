@@ -8,9 +8,10 @@ const QP_INIT_PD: u32 = 1;
 const QP_INIT_XRCD: u32 = 1 << 1;
 const QP_INIT_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_SEND_OPS_FLAGS: u32 = 1 << 6;
-/// `IBV_QP_EX_WITH_RDMA_WRITE` … `IBV_QP_EX_WITH_SEND_WITH_INV` and
-/// `IBV_QP_EX_WITH_ATOMIC_WRITE`: the opcodes the `ibv_wr_*` API supports here (all but TSO).
-const SEND_OPS_SUPPORTED: u64 = ((1 << 10) - 1) | (1 << 12);
+/// `IBV_QP_EX_WITH_RDMA_WRITE` … `IBV_QP_EX_WITH_SEND_WITH_INV`, `IBV_QP_EX_WITH_FLUSH`
+/// (rdma-core 45's bit 11) and `IBV_QP_EX_WITH_ATOMIC_WRITE`: the opcodes the `ibv_wr_*` API
+/// supports here (all but TSO).
+const SEND_OPS_SUPPORTED: u64 = ((1 << 10) - 1) | (1 << 11) | (1 << 12);
 
 #[derive(Default)]
 pub(super) struct Batch {
@@ -268,6 +269,34 @@ unsafe extern "C" fn wr_atomic_write(
         rkey,
         // SAFETY: the caller's 8 readable bytes (the verbs contract of `atomic_wr`).
         value: unsafe { (value as *const u64).read_unaligned() },
+    };
+    // SAFETY: the caller's QP.
+    unsafe { begin(qp, op) }
+}
+
+/// rdma-core 45's `ibv_wr_flush`: `type` `IBV_FLUSH_GLOBAL` (1) or `_PERSISTENT` (2),
+/// `level` `IBV_FLUSH_RANGE` (0: `len` bytes at `remote_addr`) or `IBV_FLUSH_MR` (1: the
+/// whole region). Persistent placement is refused at `wr_complete` (no persistent memory).
+pub(super) unsafe extern "C" fn wr_flush(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    len: usize,
+    kind: u8,
+    level: u8,
+) {
+    let (Ok(len), true, true) = (u32::try_from(len), matches!(kind, 1 | 2), level <= 1) else {
+        // SAFETY: the caller's QP.
+        let (_, mut b) = unsafe { batch(qp) };
+        b.error.get_or_insert(EINVAL);
+        return;
+    };
+    let op = SendOp::Flush {
+        remote_addr,
+        rkey,
+        len,
+        whole_region: level == 1,
+        persistent: kind == 2,
     };
     // SAFETY: the caller's QP.
     unsafe { begin(qp, op) }

@@ -33,6 +33,14 @@
  *          of the 8 bytes, as soft-RoCE's provider takes it): the word is stored and the
  *          completion is IBV_WC_ATOMIC_WRITE; a region without REMOTE_WRITE is
  *          IBV_WC_REM_ACCESS_ERR; a misaligned address or a UD QP is EINVAL.
+ *   flush  RDMA FLUSH through rdma-core 45's ibv_wr_flush, which Debian's rdma-core 44 headers
+ *          lack: declared here as the newer header has it (wr_flush right after
+ *          wr_atomic_write, IBV_QP_EX_WITH_FLUSH bit 11, IBV_ACCESS_FLUSH_GLOBAL bit 8,
+ *          IBV_WC_FLUSH 8), as a program built against them calls it. The cap
+ *          (IB_UVERBS_DEVICE_FLUSH_GLOBAL, bit 38); a WRITE then a FLUSH of its range and one of
+ *          the whole region complete in order with IBV_WC_FLUSH; a region without
+ *          FLUSH_GLOBAL is IBV_WC_REM_ACCESS_ERR; persistent placement is EOPNOTSUPP and a
+ *          bad type EINVAL at ibv_wr_complete.
  *   mw     memory windows: the caps; a type-2 window bound through IBV_WR_BIND_MW over part
  *          of a region that has no remote rights is the only rkey to that part; a WRITE,
  *          a SEND with Invalidate and a WRITE posted together: the first lands, the receive
@@ -1772,6 +1780,91 @@ static void family_import(struct ibv_context *ctx) {
     free(inbox);
 }
 
+/* rdma-core 45's additions for RDMA FLUSH (see the family's description). */
+struct qp_ex_45 {
+    struct ibv_qp_ex base;
+    void (*wr_flush)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len,
+                     uint8_t type, uint8_t level);
+};
+enum { QP_EX_WITH_FLUSH = 1 << 11, ACCESS_FLUSH_GLOBAL = 1 << 8, WC_FLUSH = 8 };
+enum { FLUSH_GLOBAL = 1, FLUSH_PERSISTENT = 2, FLUSH_RANGE = 0, FLUSH_MR = 1 };
+
+static void family_flush(struct ibv_context *ctx) {
+    struct ibv_device_attr_ex x;
+    CHECK(ibv_query_device_ex(ctx, NULL, &x) == 0);
+    CHECK(x.device_cap_flags_ex & (1ULL << 38));
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(pd && cq);
+    struct ibv_qp_init_attr_ex ie = {0};
+    ie.send_cq = cq;
+    ie.recv_cq = cq;
+    ie.qp_type = IBV_QPT_RC;
+    ie.cap.max_send_wr = 8;
+    ie.cap.max_recv_wr = 8;
+    ie.cap.max_send_sge = 1;
+    ie.cap.max_recv_sge = 1;
+    ie.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ie.pd = pd;
+    ie.send_ops_flags = QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_RDMA_WRITE;
+    struct ibv_qp *qa = ibv_create_qp_ex(ctx, &ie);
+    struct ibv_qp *qb = ibv_create_qp_ex(ctx, &ie);
+    CHECK(qa && qb);
+    connect_rc_pair(qa, qb, &gid, RC_ACCESS_ALL);
+    char *dst = calloc(1, 4096), *src = calloc(1, 64), *plain = calloc(1, 64);
+    CHECK(dst && src && plain);
+    memset(src, 'F', 64);
+    struct ibv_mr *dmr = ibv_reg_mr(pd, dst, 4096, RC_ACCESS_ALL | ACCESS_FLUSH_GLOBAL);
+    struct ibv_mr *smr = ibv_reg_mr(pd, src, 64, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_mr *pmr = ibv_reg_mr(pd, plain, 64, RC_ACCESS_ALL);
+    CHECK(dmr && smr && pmr);
+
+    struct qp_ex_45 *qx = (struct qp_ex_45 *)ibv_qp_to_qp_ex(qa);
+    CHECK(qx->wr_flush);
+    ibv_wr_start(&qx->base);
+    qx->base.wr_id = 1;
+    qx->base.wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_rdma_write(&qx->base, dmr->rkey, (uintptr_t)dst + 100);
+    ibv_wr_set_sge(&qx->base, smr->lkey, (uintptr_t)src, 64);
+    qx->base.wr_id = 2;
+    qx->wr_flush(&qx->base, dmr->rkey, (uintptr_t)dst + 100, 64, FLUSH_GLOBAL, FLUSH_RANGE);
+    qx->base.wr_id = 3;
+    qx->wr_flush(&qx->base, dmr->rkey, (uintptr_t)dst, 0, FLUSH_GLOBAL, FLUSH_MR);
+    CHECK(ibv_wr_complete(&qx->base) == 0);
+    struct ibv_wc wc = poll1(cq);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 1 && wc.opcode == IBV_WC_RDMA_WRITE);
+    for (uint64_t id = 2; id <= 3; id++) {
+        wc = poll1(cq);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == id && (int)wc.opcode == WC_FLUSH);
+    }
+    CHECK(!memcmp(dst + 100, src, 64));
+
+    /* Persistent placement (no persistent memory) and a type that is none. */
+    ibv_wr_start(&qx->base);
+    qx->wr_flush(&qx->base, dmr->rkey, (uintptr_t)dst, 64, FLUSH_PERSISTENT, FLUSH_RANGE);
+    CHECK(ibv_wr_complete(&qx->base) == EOPNOTSUPP);
+    ibv_wr_start(&qx->base);
+    qx->wr_flush(&qx->base, dmr->rkey, (uintptr_t)dst, 64, 0, FLUSH_RANGE);
+    CHECK(ibv_wr_complete(&qx->base) == EINVAL);
+
+    /* A region without FLUSH_GLOBAL: the responder refuses it. */
+    ibv_wr_start(&qx->base);
+    qx->base.wr_id = 4;
+    qx->wr_flush(&qx->base, pmr->rkey, (uintptr_t)plain, 64, FLUSH_GLOBAL, FLUSH_RANGE);
+    CHECK(ibv_wr_complete(&qx->base) == 0);
+    wc = poll1(cq);
+    CHECK(wc.status == IBV_WC_REM_ACCESS_ERR && wc.wr_id == 4);
+
+    CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0);
+    CHECK(ibv_dereg_mr(dmr) == 0 && ibv_dereg_mr(smr) == 0 && ibv_dereg_mr(pmr) == 0);
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+    free(dst);
+    free(src);
+    free(plain);
+}
+
 int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "import_child"))
         return import_child(argv);
@@ -1815,6 +1908,8 @@ int main(int argc, char **argv) {
         family_xrc(ctx);
     else if (!strcmp(argv[1], "import"))
         family_import(ctx);
+    else if (!strcmp(argv[1], "flush"))
+        family_flush(ctx);
     else
         CHECK(!"a known family");
     CHECK(ibv_close_device(ctx) == 0);
