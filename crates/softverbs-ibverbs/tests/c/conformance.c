@@ -778,30 +778,49 @@ static struct ibv_qp *ud_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t qkey)
     return ud;
 }
 
-static void family_atomic_write(struct ibv_context *ctx) {
-    struct ibv_device_attr_ex x;
-    CHECK(ibv_query_device_ex(ctx, NULL, &x) == 0);
-    CHECK(x.device_cap_flags_ex & (1ULL << 40));
+/* Two connected RC QPs made with ibv_create_qp_ex for the `ibv_wr_*` opcodes `send_ops`, both
+ * completing on a new CQ of a new PD. */
+struct ex_pair {
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+    struct ibv_qp *qa, *qb;
+};
+
+static struct ex_pair rc_ex_pair(struct ibv_context *ctx, uint64_t send_ops) {
+    struct ex_pair p;
     union ibv_gid gid;
     CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
-    struct ibv_pd *pd = ibv_alloc_pd(ctx);
-    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-    CHECK(pd && cq);
+    p.pd = ibv_alloc_pd(ctx);
+    p.cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(p.pd && p.cq);
     struct ibv_qp_init_attr_ex ie = {0};
-    ie.send_cq = cq;
-    ie.recv_cq = cq;
+    ie.send_cq = p.cq;
+    ie.recv_cq = p.cq;
     ie.qp_type = IBV_QPT_RC;
     ie.cap.max_send_wr = 8;
     ie.cap.max_recv_wr = 8;
     ie.cap.max_send_sge = 1;
     ie.cap.max_recv_sge = 1;
     ie.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    ie.pd = pd;
-    ie.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE;
-    struct ibv_qp *qa = ibv_create_qp_ex(ctx, &ie);
-    struct ibv_qp *qb = ibv_create_qp_ex(ctx, &ie);
-    CHECK(qa && qb);
-    connect_rc_pair(qa, qb, &gid, RC_ACCESS_ALL);
+    ie.pd = p.pd;
+    ie.send_ops_flags = send_ops;
+    p.qa = ibv_create_qp_ex(ctx, &ie);
+    p.qb = ibv_create_qp_ex(ctx, &ie);
+    CHECK(p.qa && p.qb);
+    connect_rc_pair(p.qa, p.qb, &gid, RC_ACCESS_ALL);
+    return p;
+}
+
+static void family_atomic_write(struct ibv_context *ctx) {
+    struct ibv_device_attr_ex x;
+    CHECK(ibv_query_device_ex(ctx, NULL, &x) == 0);
+    CHECK(x.device_cap_flags_ex & (1ULL << 40));
+    struct ex_pair ep = rc_ex_pair(ctx, IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    struct ibv_pd *pd = ep.pd;
+    struct ibv_cq *cq = ep.cq;
+    struct ibv_qp *qa = ep.qa, *qb = ep.qb;
     uint64_t *words = aligned_alloc(64, 64);
     CHECK(words);
     memset(words, 0, 64);
@@ -1793,26 +1812,10 @@ static void family_flush(struct ibv_context *ctx) {
     struct ibv_device_attr_ex x;
     CHECK(ibv_query_device_ex(ctx, NULL, &x) == 0);
     CHECK(x.device_cap_flags_ex & (1ULL << 38));
-    union ibv_gid gid;
-    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
-    struct ibv_pd *pd = ibv_alloc_pd(ctx);
-    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-    CHECK(pd && cq);
-    struct ibv_qp_init_attr_ex ie = {0};
-    ie.send_cq = cq;
-    ie.recv_cq = cq;
-    ie.qp_type = IBV_QPT_RC;
-    ie.cap.max_send_wr = 8;
-    ie.cap.max_recv_wr = 8;
-    ie.cap.max_send_sge = 1;
-    ie.cap.max_recv_sge = 1;
-    ie.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    ie.pd = pd;
-    ie.send_ops_flags = QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_RDMA_WRITE;
-    struct ibv_qp *qa = ibv_create_qp_ex(ctx, &ie);
-    struct ibv_qp *qb = ibv_create_qp_ex(ctx, &ie);
-    CHECK(qa && qb);
-    connect_rc_pair(qa, qb, &gid, RC_ACCESS_ALL);
+    struct ex_pair ep = rc_ex_pair(ctx, QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_RDMA_WRITE);
+    struct ibv_pd *pd = ep.pd;
+    struct ibv_cq *cq = ep.cq;
+    struct ibv_qp *qa = ep.qa, *qb = ep.qb;
     char *dst = calloc(1, 4096), *src = calloc(1, 64), *plain = calloc(1, 64);
     CHECK(dst && src && plain);
     memset(src, 'F', 64);
