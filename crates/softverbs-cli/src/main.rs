@@ -11,6 +11,7 @@ mod perf;
 mod perf_cq;
 mod perf_net;
 mod perf_noncontig;
+mod perf_objects;
 mod pingpong;
 mod report;
 mod run;

@@ -644,6 +644,7 @@ struct Report {
     device: String,
     quick: bool,
     cpus: usize,
+    cpu_model: String,
     /// Completions per fill of the CQ (half send, half receive completions).
     per_fill: usize,
     /// Fills drained through each API for each field set and batch.
@@ -664,13 +665,14 @@ impl Report {
         let _ = writeln!(
             t,
             "perf cq-poll: {}, {} completions per API and case ({} fills of {}: SENDs and their \
-             receives), {} CPU{}; only the polling is timed",
+             receives), {} CPU{} ({}); only the polling is timed",
             self.device,
             self.fills * self.per_fill as u64,
             self.fills,
             self.per_fill,
             self.cpus,
-            if self.cpus == 1 { "" } else { "s" }
+            if self.cpus == 1 { "" } else { "s" },
+            self.cpu_model
         );
         let _ = writeln!(
             t,
@@ -835,6 +837,7 @@ pub fn run(args: &Args) -> Result<()> {
         device: device.name().into(),
         quick: args.quick,
         cpus: crate::report::cpus(),
+        cpu_model: crate::report::cpu_model(),
         per_fill: PER_FILL,
         fills,
         statistic: "median over fills of drain time / completions per fill",

@@ -55,6 +55,62 @@ pub(crate) fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The CPU's model name as `/proc/cpuinfo` gives it, so figures from different machines can
+/// be told apart ("unknown" where it says none).
+pub(crate) fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The CPUs this process may run on, by number, lowest first.
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .collect(),
+        Err(_) => vec![0],
+    }
+}
+
+/// The pair of CPUs the two processes of a measurement run on: `given` (`--cpus A,B`), else
+/// the first two this process may use (the same one twice on a single CPU). Where the
+/// scheduler puts two processes moves latencies several-fold, so baseline and measurement
+/// are taken on one fixed pair.
+pub(crate) fn cpu_pair(given: Option<&str>) -> Result<[usize; 2]> {
+    let allowed = allowed_cpus();
+    let pair = match given {
+        Some(text) => {
+            let parsed: Option<Vec<usize>> =
+                text.split(',').map(|t| t.trim().parse().ok()).collect();
+            match parsed.as_deref() {
+                Some(&[a, b]) => [a, b],
+                _ => return Err(format!("--cpus {text}: want two CPU numbers, A,B").into()),
+            }
+        }
+        None => [allowed[0], allowed.get(1).copied().unwrap_or(allowed[0])],
+    };
+    if let Some(c) = pair.iter().find(|c| !allowed.contains(c)) {
+        return Err(
+            format!("--cpus: CPU {c} is not one this process may use ({allowed:?})").into(),
+        );
+    }
+    Ok(pair)
+}
+
+/// Runs the calling thread (and the threads it starts from now on) on `cpu` only.
+pub(crate) fn pin_to(cpu: usize) -> Result<()> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set)
+        .map_err(|e| format!("pinning to CPU {cpu}: {e}").into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,13 +28,15 @@ pub struct ThreadState {
 }
 
 /// A CQ ring a process holds: its own CQ's, or one of another process it completes into
-/// (the same ring shows in both processes with the same inode).
+/// (the same ring shows in both processes with the same inode and offset).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CqRing {
     /// The descriptor number in the inspected process.
     pub fd: i32,
     /// The `memfd`'s inode.
     pub inode: u64,
+    /// Where the ring is in the `memfd` (an arena holds many).
+    pub offset: usize,
     pub state: RingState,
 }
 
@@ -72,17 +74,23 @@ pub fn process(pid: u32) -> ProcessReport {
                 let Ok(n) = fd.file_name().to_string_lossy().parse::<i32>() else {
                     continue;
                 };
-                let is_cq = std::fs::read_link(fd.path())
-                    .is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:softverbs-cq"));
-                if !is_cq {
+                let Ok(target) = std::fs::read_link(fd.path()) else {
                     continue;
-                }
-                match cq_ring(pid, n) {
-                    Ok(ring) => report.cq_rings.push(ring),
-                    Err(e) => report.problems.push(format!("CQ ring at fd {n}: {e}")),
+                };
+                let target = target.to_string_lossy();
+                let found = if target.starts_with("/memfd:softverbs-cq") {
+                    cq_ring(pid, n).map(|r| vec![r])
+                } else if target.starts_with("/memfd:softverbs-arena") {
+                    arena_cq_rings(pid, n)
+                } else {
+                    continue;
+                };
+                match found {
+                    Ok(rings) => report.cq_rings.extend(rings),
+                    Err(e) => report.problems.push(format!("CQ rings at fd {n}: {e}")),
                 }
             }
-            report.cq_rings.sort_by_key(|r| r.fd);
+            report.cq_rings.sort_by_key(|r| (r.fd, r.offset));
         }
         Err(e) => report.problems.push(format!("/proc/{pid}/fd: {e}")),
     }
@@ -106,18 +114,57 @@ fn thread(pid: u32, tid: &str) -> Option<ThreadState> {
     })
 }
 
-fn cq_ring(pid: u32, fd: i32) -> crate::Result<CqRing> {
+fn open_fd(pid: u32, fd: i32) -> crate::Result<rustix::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
     let path = format!("/proc/{pid}/fd/{fd}");
-    let f = rustix::fs::open(path.as_str(), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
-        .map_err(crate::Error::os("open /proc/<pid>/fd"))?;
-    let seg = Segment::open(f)?;
+    rustix::fs::open(path.as_str(), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+        .map_err(crate::Error::os("open /proc/<pid>/fd"))
+}
+
+fn cq_ring(pid: u32, fd: i32) -> crate::Result<CqRing> {
+    let seg = Segment::open(open_fd(pid, fd)?)?;
     let inode = seg.inode();
     Ok(CqRing {
         fd,
         inode,
+        offset: 0,
         state: RingState::of(&Ring::open(seg)?),
     })
+}
+
+/// The CQ rings in an arena file, as its tag map says. The map is read, not mapped: reading
+/// a hole of the sparse file through a mapping would give it pages.
+fn arena_cq_rings(pid: u32, fd: i32) -> crate::Result<Vec<CqRing>> {
+    use crate::device_memory::arena::{Kind, MAP_BYTES, UNIT, decode_tag};
+    let f = open_fd(pid, fd)?;
+    let st = rustix::fs::fstat(&f).map_err(crate::Error::os("fstat"))?;
+    let mut map = vec![0u8; MAP_BYTES];
+    let mut got = 0;
+    while got < map.len() {
+        match rustix::io::pread(&f, &mut map[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => return Err(crate::Error::os("pread")(e)),
+        }
+    }
+    let mut rings = Vec::new();
+    for (unit, &tag) in map[..got].iter().enumerate() {
+        let Some((Kind::CqRing, len)) = decode_tag(tag) else {
+            continue;
+        };
+        let offset = unit * UNIT;
+        let seg = Segment::open_peer(pid, fd, st.st_ino, offset, len)?;
+        // A ring being created or freed right now has no valid header: not a ring yet.
+        if let Ok(ring) = Ring::open(seg) {
+            rings.push(CqRing {
+                fd,
+                inode: st.st_ino,
+                offset,
+                state: RingState::of(&ring),
+            });
+        }
+    }
+    Ok(rings)
 }
 
 impl std::fmt::Display for ProcessReport {
@@ -137,7 +184,11 @@ impl std::fmt::Display for ProcessReport {
             writeln!(f, "  no CQ rings")?;
         }
         for r in &self.cq_rings {
-            writeln!(f, "  fd {} (inode {}): {}", r.fd, r.inode, r.state)?;
+            writeln!(
+                f,
+                "  fd {} (inode {}, at {:#x}): {}",
+                r.fd, r.inode, r.offset, r.state
+            )?;
         }
         for p in &self.problems {
             writeln!(f, "  (could not read {p})")?;

@@ -119,7 +119,8 @@ impl ProtectionDomain {
     /// Allocates `len` zeroed, page-aligned bytes in shared memory and registers them: the
     /// region owns its buffer.
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion<'static>> {
-        let seg = Segment::create("softverbs-mr", len)?;
+        // A file of its own: the buffer is the program's, page-aligned, and peers map it alone.
+        let seg = Segment::create_file("softverbs-mr", len)?;
         // SAFETY: the segment is owned by the region and unmapped only after the key is
         // deregistered (fields drop in declaration order: `mr` before `_backing`).
         let mr = unsafe {

@@ -50,16 +50,16 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_qp: 4096,
+            max_qp: 65536,
             max_qp_wr: 16384,
             max_sge: 32,
-            max_cq: 4096,
+            max_cq: 65536,
             max_cqe: 1 << 20,
-            max_mr: 65536,
+            max_mr: 1 << 20,
             max_mr_size: 1 << 40,
             max_pd: 4096,
             max_qp_rd_atom: 16,
-            max_srq: 1024,
+            max_srq: 65536,
             max_srq_wr: 16384,
             max_srq_sge: 32,
             max_ah: 65536,
@@ -321,7 +321,7 @@ impl DeviceConfig {
     pub fn validate(&self) -> Result<()> {
         let l = &self.limits;
         let ranges: [(&str, u64, u64, u64); 13] = [
-            ("max_qp", l.max_qp.into(), 1, 1 << 20),
+            ("max_qp", l.max_qp.into(), 1, (1 << 18) - 2),
             ("max_qp_wr", l.max_qp_wr.into(), 1, 1 << 20),
             ("max_sge", l.max_sge.into(), 1, 256),
             ("max_cq", l.max_cq.into(), 1, 1 << 20),

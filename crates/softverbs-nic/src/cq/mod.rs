@@ -16,7 +16,6 @@ use crate::device_memory::ring::{InPlace, Ring, SlotPayload};
 use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result, inval};
 use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
@@ -405,11 +404,14 @@ impl Cq {
     pub(crate) fn export_into(&self, seg: &Arc<Segment>, at: usize) {
         let rings = self.read_ring();
         let ring = rings.cur.segment();
-        seg.at::<Export>(at)
-            .set(ring.fd().as_raw_fd(), ring.inode());
+        seg.at::<Export>(at).set_segment(ring);
         self.exported.store(true, Ordering::Release);
         let mut named = self.named_in.lock().unwrap_or_else(|e| e.into_inner());
-        named.retain(|(w, _)| w.strong_count() > 0);
+        // Forgetting the contexts of destroyed QPs only when the list has doubled keeps
+        // creating thousands of QPs on one CQ linear.
+        if named.len() == named.capacity() {
+            named.retain(|(w, _)| w.strong_count() > 0);
+        }
         named.push((Arc::downgrade(seg), at));
     }
 
@@ -677,7 +679,7 @@ impl Cq {
             let seg = new.segment();
             let named = self.named_in.lock().unwrap_or_else(|e| e.into_inner());
             for (ctx, at) in named.iter().filter_map(|(w, at)| Some((w.upgrade()?, *at))) {
-                ctx.at::<Export>(at).set(seg.fd().as_raw_fd(), seg.inode());
+                ctx.at::<Export>(at).set_segment(seg);
                 self.exported.store(true, Ordering::Release);
             }
             let old = std::mem::replace(&mut rings.cur, new);

@@ -83,8 +83,7 @@ fn fabric() -> Result<&'static Mutex<Vec<Arc<Device>>>> {
 impl Device {
     fn new(config: DeviceConfig) -> Result<Arc<Device>> {
         config.validate()?;
-        let numbers = QpNumbers::new(config.limits.max_qp);
-        let slots = numbers.slots();
+        let numbers = QpNumbers::new();
         Ok(Arc::new(Device {
             keys: {
                 let k =
@@ -100,7 +99,7 @@ impl Device {
             progress: Progress::default(),
             qps: RwLock::new(HashMap::new()),
             qp_index: Mutex::new(numbers),
-            sq_retired: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            sq_retired: (0..qpn::SLOTS).map(|_| AtomicU32::new(0)).collect(),
             counts: Default::default(),
             next_id: AtomicU32::new(1),
             port_state: AtomicU32::new(PortState::Active as u32),

@@ -1,58 +1,54 @@
 //! QP numbers of a device: allocation, the send-queue slots each number has freed, and the
 //! live QPs by number.
 //!
-//! A number is `generation << bits | index`; indices 0 and 1 are QP0/QP1, and a freed index
-//! comes back with the next generation, so a stale number does not name its successor. The
-//! number is also claimed host-wide in the directory ([`super::directory`]) when the QP is
-//! published.
+//! A number is `generation << INDEX_BITS | index`; indices 0 and 1 are QP0/QP1, and a freed
+//! index comes back with the next generation, so a stale number does not name its successor.
+//! Indices are handed out from blocks this process claimed host-wide in the directory
+//! ([`super::directory`]), where each QP is listed when it is created; a block goes back when
+//! its last QP does.
 
 use super::Device;
+use super::directory::{self, BLOCK_LEN, BLOCKS, BlockClaim, INDEX_BITS, Listing};
+use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result};
 use std::any::Any;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 pub(super) struct QpNumbers {
-    free: Vec<u32>,
+    /// Free indices of the blocks held, oldest freed first.
+    free: VecDeque<u32>,
     generation: Vec<u32>,
-    bits: u32,
+    /// The blocks held, with how many of their indices are in use.
+    blocks: HashMap<u32, (BlockClaim, u32)>,
 }
 
-impl QpNumbers {
-    /// Numbers for up to `max_qp` QPs (plus QP0 and QP1).
-    pub(super) fn new(max_qp: u32) -> QpNumbers {
-        let bits = (max_qp + 2).next_power_of_two().trailing_zeros();
-        let slots = 1usize << bits;
-        QpNumbers {
-            free: (2..slots as u32).rev().collect(),
-            generation: vec![0; slots],
-            bits,
-        }
-    }
+/// Indices a device has (host-wide).
+pub(super) const SLOTS: usize = 1 << INDEX_BITS;
 
-    /// How many indices there are.
-    pub(super) fn slots(&self) -> usize {
-        self.generation.len()
+impl QpNumbers {
+    pub(super) fn new() -> QpNumbers {
+        QpNumbers {
+            free: VecDeque::new(),
+            generation: vec![0; SLOTS],
+            blocks: HashMap::new(),
+        }
     }
 }
 
 impl Device {
-    /// How many QP numbers (indices) the device has.
-    pub(crate) fn qpn_slots(&self) -> usize {
-        self.qp_index
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .slots()
-    }
-
-    pub(crate) fn alloc_qpn(&self) -> Result<u32> {
+    /// A QP number no QP of this device on the host has, listed with context `ctx`.
+    pub(crate) fn alloc_qpn(&self, ctx: &Segment) -> Result<(u32, Listing)> {
         let mut n = self.qp_index.lock().unwrap_or_else(|e| e.into_inner());
+        if n.free.is_empty() {
+            self.claim_block(&mut n)?;
+        }
         let index = n
             .free
-            .pop()
-            .ok_or_else(|| Error::NoResources("no free QP numbers".into()))?;
-        let bits = n.bits;
-        let mask = (1 << (24 - bits)) - 1;
+            .pop_front()
+            .expect("a block with free indices was claimed");
+        let mask = (1 << (24 - INDEX_BITS)) - 1;
         let g = &mut n.generation[index as usize];
         // An attacker on the network must not guess a networked device's QP numbers; the
         // generation bits are random there (and never repeat the previous one).
@@ -63,15 +59,40 @@ impl Device {
             }
             None => (*g + 1) & mask,
         };
+        let qpn = *g << INDEX_BITS | index;
+        let (claim, used) = n
+            .blocks
+            .get_mut(&directory::block_of(index))
+            .expect("free indices are of held blocks");
+        *used += 1;
+        let listing = claim.publish(qpn, ctx);
         self.sq_retired[index as usize].store(0, Ordering::Release);
-        Ok(*g << bits | index)
+        Ok((qpn, listing))
+    }
+
+    /// Claims the first block no process of the host has. Every process tries the blocks in
+    /// the same order (a taken one costs one failed `bind`), so a number freed by a process
+    /// that died is soon someone else's: generations, not luck, keep stale numbers apart.
+    fn claim_block(&self, n: &mut QpNumbers) -> Result<()> {
+        for block in 0..BLOCKS {
+            if n.blocks.contains_key(&block) {
+                continue;
+            }
+            let Some(claim) = directory::claim(self.config.gid, block)? else {
+                continue;
+            };
+            let first = block * BLOCK_LEN;
+            // Indices 0 and 1 are QP0 and QP1.
+            n.free
+                .extend((first..first + BLOCK_LEN).filter(|&i| i >= 2));
+            n.blocks.insert(block, (claim, 0));
+            return Ok(());
+        }
+        Err(Error::NoResources("no free QP number on this host".into()))
     }
 
     pub(crate) fn qpn_index(&self, qpn: u32) -> usize {
-        let bits = (self.config.limits.max_qp + 2)
-            .next_power_of_two()
-            .trailing_zeros();
-        (qpn & ((1 << bits) - 1)) as usize
+        directory::index_of(qpn) as usize
     }
 
     /// Frees the send-queue slots of `qpn` up to and including the WQE numbered `seq`.
@@ -92,17 +113,26 @@ impl Device {
             .insert(qpn, qp);
     }
 
+    /// Forgets QP `qpn` and frees its index; the block goes back to the host with its last
+    /// QP, so a process keeps no names for QPs it no longer has.
     pub(crate) fn unregister_qp(&self, qpn: u32) {
         self.qps
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&qpn);
-        let index = self.qpn_index(qpn) as u32;
-        self.qp_index
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free
-            .insert(0, index);
+        let index = directory::index_of(qpn);
+        let block = directory::block_of(index);
+        let mut n = self.qp_index.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((_, used)) = n.blocks.get_mut(&block) else {
+            return;
+        };
+        *used -= 1;
+        if *used == 0 {
+            n.blocks.remove(&block);
+            n.free.retain(|&i| directory::block_of(i) != block);
+        } else {
+            n.free.push_back(index);
+        }
     }
 
     /// The live QP with number `qpn` on this device, as the type it was registered with (the

@@ -16,7 +16,6 @@ use crate::error::{Error, Result, inval};
 use crate::mr::keys::KeyTable;
 use crate::mr::peer::PeerMemory;
 use rustix::fd::BorrowedFd;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -50,7 +49,8 @@ pub(crate) struct CommandSegment {
 impl CommandSegment {
     /// The segment of a new context on `dev`, naming this process and its key table.
     pub(crate) fn new(dev: &Device) -> Result<CommandSegment> {
-        let seg = Segment::create("softverbs-context", std::mem::size_of::<CtxShared>())?;
+        // A file of its own: programs hand `cmd_fd` to other processes as a descriptor.
+        let seg = Segment::create_file("softverbs-context", std::mem::size_of::<CtxShared>())?;
         let s: &CtxShared = seg.at(0);
         s.owner_pid.store(std::process::id(), Ordering::Relaxed);
         for (w, b) in s.gid.iter().zip(dev.config.gid.0.chunks(4)) {
@@ -60,7 +60,7 @@ impl CommandSegment {
             );
         }
         let k = dev.keys.segment();
-        s.keys.set(k.fd().as_raw_fd(), k.inode());
+        s.keys.set_segment(k);
         s.version.store(VERSION, Ordering::Relaxed);
         s.magic.store(MAGIC, Ordering::Release);
         Ok(CommandSegment { seg })
@@ -148,10 +148,10 @@ impl Context {
         let pid = s.owner_pid.load(Ordering::Relaxed);
         let table = s
             .keys
-            .open(pid, false)?
+            .open_segment(pid)?
             .ok_or_else(|| inval("the exporter names no key table"))?;
         let import = Import {
-            keys: KeyTable::open(Segment::open(table)?)?,
+            keys: KeyTable::open(table)?,
             memory: PeerMemory::default(),
         };
         Context::with(dev, command, Some(Arc::new(import)))

@@ -1,15 +1,18 @@
-//! Device memory: `memfd` segments mapped shared, holding `#[repr(C)]` plain data.
+//! Device memory: shared mappings holding `#[repr(C)]` plain data.
 //!
-//! Every ring and table the NIC keeps (CQ rings, receive queues, the key table) lives in one of
-//! these, addressed by offsets, so that another process that maps the same `memfd` can act on
-//! it. Types placed here implement [`ShmPlain`]: valid when all-zero, no pointers, and mutated
-//! only through atomics once shared.
+//! Every ring and table the NIC keeps (CQ rings, receive queues, the key table) lives in a
+//! segment, addressed by offsets, so that another process that maps the same `memfd` can act
+//! on it. A segment is a range of a `memfd`: a block of the process's arena
+//! ([`super::arena`]) for the small ones, which share a few files, or a file of its own for
+//! the large ones. Types placed here implement [`ShmPlain`]: valid when all-zero, no
+//! pointers, and mutated only through atomics once shared.
 
+use super::arena::{self, Block, Chunk};
+use super::export::PeerCache;
 use crate::error::{Error, Result};
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{MemfdFlags, ftruncate, memfd_create};
-use rustix::mm::{MapFlags, ProtFlags, mmap, munmap};
+use rustix::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// Marker for types that may live in a shared segment.
 ///
@@ -19,11 +22,15 @@ use std::ptr::NonNull;
 /// accesses are ordered by atomics.
 pub unsafe trait ShmPlain: Sync {}
 
-/// A shared, zero-initialised mapping of a `memfd`.
+/// A shared, zero-initialised range of a mapped `memfd`.
 pub struct Segment {
     ptr: NonNull<u8>,
     len: usize,
-    fd: OwnedFd,
+    offset: usize,
+    chunk: Arc<Chunk>,
+    /// The arena block this segment is, given back when it drops (`None`: a file of its
+    /// own, or another process's memory).
+    _block: Option<Block>,
 }
 
 // SAFETY: the mapping is plain shared memory; all typed access goes through `ShmPlain` types,
@@ -33,51 +40,125 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// Creates a segment of at least `len` bytes (rounded up to a page), filled with zeros.
+    /// Creates a segment of at least `len` bytes, filled with zeros: an arena block, or for
+    /// more than [`arena::LARGEST`] bytes a `memfd` of its own (rounded up to a page).
     pub fn create(name: &str, len: usize) -> Result<Segment> {
+        if len <= arena::LARGEST {
+            let block = arena::alloc(name, len)?;
+            let chunk = block.chunk.clone();
+            let offset = block.offset;
+            return Ok(Segment::view(chunk, offset, len.max(1), Some(block)));
+        }
+        Segment::create_file(name, len)
+    }
+
+    /// Creates a segment that is a `memfd` of its own, at least `len` bytes (a page
+    /// multiple): for memory handed over as a descriptor alone (a context's command
+    /// descriptor, the host engine's state).
+    pub fn create_file(name: &str, len: usize) -> Result<Segment> {
         let len = len.max(1).next_multiple_of(page_size());
-        let fd = memfd_create(name, MemfdFlags::CLOEXEC).map_err(Error::os("memfd_create"))?;
-        ftruncate(&fd, len as u64).map_err(Error::os("ftruncate"))?;
-        let ptr = map_shared(&fd, len)?;
-        Ok(Segment { ptr, len, fd })
+        let chunk = Arc::new(Chunk::create(name, len)?);
+        Ok(Segment::view(chunk, 0, len, None))
+    }
+
+    fn view(chunk: Arc<Chunk>, offset: usize, len: usize, block: Option<Block>) -> Segment {
+        debug_assert!(offset + len <= chunk.len());
+        // SAFETY: offset + len is within the chunk's mapping (callers check it).
+        let ptr = unsafe { NonNull::new_unchecked(chunk.ptr().as_ptr().add(offset)) };
+        Segment {
+            ptr,
+            len,
+            offset,
+            chunk,
+            _block: block,
+        }
     }
 
     /// Maps an existing `memfd` (ours, or a peer's opened through `/proc/<pid>/fd/<n>`),
     /// all of it.
     pub fn open(fd: OwnedFd) -> Result<Segment> {
-        let st = rustix::fs::fstat(&fd).map_err(Error::os("fstat"))?;
-        let len = usize::try_from(st.st_size)
-            .ok()
-            .filter(|&l| l > 0)
-            .ok_or_else(|| Error::InvalidArgument("shared segment is empty".into()))?;
-        let ptr = map_shared(&fd, len)?;
-        Ok(Segment { ptr, len, fd })
+        let chunk = Arc::new(Chunk::map(fd)?);
+        let len = chunk.len();
+        Ok(Segment::view(chunk, 0, len, None))
+    }
+
+    /// The `len` bytes at `offset` of descriptor `fd` of process `pid` (which must still be
+    /// the file with inode `ino`): each such file is mapped once in this process, however
+    /// many segments of it are opened.
+    pub(crate) fn open_peer(
+        pid: u32,
+        fd: i32,
+        ino: u64,
+        offset: usize,
+        len: usize,
+    ) -> Result<Segment> {
+        let chunk = Segment::peer_file(pid, fd, ino)?;
+        let fits = offset
+            .checked_add(len)
+            .is_some_and(|end| len > 0 && end <= chunk.len());
+        if !fits {
+            return Err(Error::InvalidArgument(
+                "peer segment outside its file".into(),
+            ));
+        }
+        Ok(Segment::view(chunk, offset, len, None))
+    }
+
+    /// All of descriptor `fd` of process `pid` (still the file with inode `ino`), mapped once
+    /// in this process as [`open_peer`](Self::open_peer) maps it.
+    pub(crate) fn open_peer_file(pid: u32, fd: i32, ino: u64) -> Result<Segment> {
+        let chunk = Segment::peer_file(pid, fd, ino)?;
+        let len = chunk.len();
+        Ok(Segment::view(chunk, 0, len, None))
+    }
+
+    /// The mapping of a peer's file, shared by every segment of it in this process: a peer
+    /// costs a descriptor per file of its, not per object in them.
+    fn peer_file(pid: u32, fd: i32, ino: u64) -> Result<Arc<Chunk>> {
+        static MAPPED: PeerCache<Chunk> = PeerCache::new();
+        MAPPED.get_or_open((pid, fd, ino), || {
+            Chunk::map(super::export::open_peer_fd(pid, fd, ino, false)?)
+        })
+    }
+
+    /// This segment mapped again, as a peer would map it.
+    #[cfg(test)]
+    pub(crate) fn reopen(&self) -> Result<Segment> {
+        use std::os::fd::AsRawFd;
+        let fd = self.fd().as_raw_fd();
+        Segment::open_peer(std::process::id(), fd, self.inode(), self.offset, self.len)
     }
 
     /// The inode of the `memfd`: with the owner's pid and descriptor number it identifies the
-    /// segment, so a peer never mistakes a recycled descriptor for it.
+    /// file, so a peer never mistakes a recycled descriptor for it.
     pub fn inode(&self) -> u64 {
-        rustix::fs::fstat(&self.fd).map_or(0, |s| s.st_ino)
+        self.chunk.ino()
     }
 
-    /// Length of the mapping in bytes.
+    /// Where the segment starts in its `memfd`.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Length of the segment in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Always false: segments have at least one page.
+    /// Always false: segments have at least one byte.
     pub fn is_empty(&self) -> bool {
         false
     }
 
-    /// Start of the mapping.
+    /// Start of the segment.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
-    /// The `memfd`, for handing the segment to another process.
+    /// The `memfd` the segment is in, for handing it to another process (with
+    /// [`offset`](Self::offset) and [`len`](Self::len)).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.chunk.fd()
     }
 
     /// A reference to the `T` at `offset`.
@@ -96,41 +177,17 @@ impl Segment {
             size.is_some_and(|end| end <= self.len),
             "segment layout out of bounds"
         );
-        assert_eq!(offset % std::mem::align_of::<T>(), 0, "misaligned layout");
+        assert_eq!(
+            (self.ptr.as_ptr() as usize + offset) % std::mem::align_of::<T>(),
+            0,
+            "misaligned layout"
+        );
         // SAFETY: in bounds and aligned (checked above); the memory is initialised (zero pages
         // at creation, then only written through `ShmPlain` types' atomics), and `ShmPlain`
-        // says all-zero is a valid `T`. The reference lives no longer than `self`.
+        // says all-zero is a valid `T`. The reference lives no longer than `self`, which keeps
+        // the mapping alive.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset).cast::<T>(), count) }
     }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // SAFETY: we mapped exactly this range in `create` and hand out no references that
-        // outlive `self`.
-        let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
-/// Maps `len` bytes of `fd` shared, read-write, at an address the kernel picks.
-fn map_shared(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>> {
-    // SAFETY: a fresh mapping aliases nothing in this process; all typed access to it goes
-    // through `ShmPlain` types.
-    let ptr = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED,
-            fd,
-            0,
-        )
-    }
-    .map_err(Error::os("mmap"))?;
-    NonNull::new(ptr.cast::<u8>()).ok_or(Error::Os {
-        what: "mmap",
-        errno: rustix::io::Errno::NOMEM,
-    })
 }
 
 /// The system page size.
@@ -151,13 +208,13 @@ mod tests {
     #[test]
     fn segment_is_zeroed_and_shared_through_fd() {
         let seg = Segment::create("test", 100).unwrap();
-        assert_eq!(seg.len(), page_size());
+        assert_eq!(seg.len(), 100);
         let words: &[AtomicU64] = seg.slice(0, 4);
         assert!(words.iter().all(|w| w.load(Ordering::Relaxed) == 0));
         words[3].store(42, Ordering::Relaxed);
         // A second mapping of the same memfd sees the write: the layout is shareable.
         let mut buf = [0u8; 8];
-        rustix::io::pread(seg.fd(), &mut buf, 24).unwrap();
+        rustix::io::pread(seg.fd(), &mut buf, seg.offset() as u64 + 24).unwrap();
         assert_eq!(u64::from_ne_bytes(buf), 42);
     }
 

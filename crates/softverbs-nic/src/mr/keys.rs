@@ -133,6 +133,36 @@ pub struct Backing {
     pub offset: u64,
 }
 
+/// The slots of a key table no key names: the freed ones, then those never used (counted,
+/// not listed, so a table of a million keys costs nothing until they are used).
+#[derive(Default)]
+pub(crate) struct FreeSlots {
+    next: u32,
+    last: u32,
+    freed: Vec<u32>,
+}
+
+impl FreeSlots {
+    pub(crate) fn pop(&mut self) -> Option<u32> {
+        self.freed.pop().or_else(|| {
+            (self.next != 0 && self.next <= self.last).then(|| {
+                self.next += 1;
+                self.next - 1
+            })
+        })
+    }
+
+    pub(crate) fn push(&mut self, slot: u32) {
+        self.freed.push(slot);
+    }
+}
+
+impl Extend<u32> for FreeSlots {
+    fn extend<I: IntoIterator<Item = u32>>(&mut self, slots: I) {
+        self.freed.extend(slots);
+    }
+}
+
 /// The device's key table (this process's, or a view of a peer's).
 pub struct KeyTable {
     seg: Segment,
@@ -140,7 +170,7 @@ pub struct KeyTable {
     /// Round keys of the permutation that hides slot numbers in the keys of a networked
     /// device (all zero: keys are plain `slot << 8 | generation`).
     pub(crate) mix: [u32; 4],
-    pub(crate) free: Mutex<Vec<u32>>,
+    pub(crate) free: Mutex<FreeSlots>,
     /// The device's ordering check: relaxed regions registered here are scrambled.
     ordering_check: bool,
 }
@@ -245,7 +275,11 @@ impl KeyTable {
         header[1].store(VERSION, Ordering::Relaxed);
         header[2].store(capacity, Ordering::Relaxed);
         // Index 0 is never handed out, so no key is 0.
-        let free = (1..=capacity).rev().collect();
+        let free = FreeSlots {
+            next: 1,
+            last: capacity,
+            freed: Vec::new(),
+        };
         Ok(KeyTable {
             seg,
             capacity,
@@ -279,7 +313,7 @@ impl KeyTable {
             mix: std::array::from_fn(|i| mix[i].load(Ordering::Acquire)),
             seg,
             capacity,
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(FreeSlots::default()),
             ordering_check: false,
         })
     }
@@ -703,9 +737,7 @@ mod tests {
                 .is_err()
         );
         // A peer's view of the table reads the same round keys.
-        let view =
-            KeyTable::open(Segment::open(a.segment().fd().try_clone_to_owned().unwrap()).unwrap())
-                .unwrap();
+        let view = KeyTable::open(a.segment().reopen().unwrap()).unwrap();
         assert!(
             view.pin(ka, 1, 0x1000, 64, AccessFlags::REMOTE_WRITE)
                 .is_ok()

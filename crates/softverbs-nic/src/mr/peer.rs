@@ -3,7 +3,6 @@
 //! cross-memory attach. The process is the region's owner as its key entry names it, so a
 //! table that holds the regions of several processes (a shared PD's) is placed right.
 
-use crate::device_memory::export::open_peer_fd;
 use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result};
 use crate::mr::access::Span;
@@ -31,7 +30,7 @@ impl PeerMemory {
         let seg = match maps.get(&(pid, b.fd, b.ino)) {
             Some(s) => s.clone(),
             None => {
-                let s = Arc::new(Segment::open(open_peer_fd(pid, b.fd, b.ino, false)?)?);
+                let s = Arc::new(Segment::open_peer_file(pid, b.fd, b.ino)?);
                 maps.insert((pid, b.fd, b.ino), s.clone());
                 s
             }

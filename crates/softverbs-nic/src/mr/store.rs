@@ -264,7 +264,8 @@ impl Prepared {
     /// Encodes `src` (already compiled into `compiled`) into a fresh segment.
     pub(crate) fn new(src: &LayoutSource, compiled: Compiled) -> Result<Prepared> {
         let words = encode(src);
-        let seg = Segment::create("softverbs-layout", words.len() * 8)?;
+        // A file of its own: peers find the layout by descriptor alone and read all of it.
+        let seg = Segment::create_file("softverbs-layout", words.len() * 8)?;
         for (slot, w) in seg.slice::<AtomicU64>(0, words.len()).iter().zip(&words) {
             slot.store(*w, Ordering::Relaxed);
         }

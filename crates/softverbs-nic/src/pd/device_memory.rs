@@ -45,7 +45,7 @@ impl Context {
                     "{len} bytes of device memory: {MAX_DM_SIZE} in all"
                 ))
             })?;
-        match Segment::create("softverbs-dm", len) {
+        match Segment::create_file("softverbs-dm", len) {
             Ok(s) => Ok(DeviceMemory {
                 seg: Arc::new(s),
                 len,

@@ -22,7 +22,7 @@ pub use send::PostError;
 pub(crate) use send::{Outcome, SendState};
 
 use crate::cq::{Cq, Cqe};
-use crate::device::directory::{Listing, publish};
+use crate::device::directory::Listing;
 use crate::device::event::{AsyncEvent, AsyncQueue, EventElement};
 use crate::device::progress::Timer;
 use crate::device::{Counted, Device, PORT_NUM, Resource};
@@ -39,7 +39,6 @@ use request::{Deliver, Offload};
 use send::{lock, seq_before};
 use state::{apply, transition};
 use std::collections::VecDeque;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -60,7 +59,7 @@ pub struct Qp {
     // Responder-visible copies of attributes, readable by initiators without the send lock.
     /// State, rights and exports that requesters in any process read: see [`QpCtx`].
     ctx: Arc<Segment>,
-    _listing: Option<Listing>,
+    _listing: Listing,
     send: Mutex<SendState>,
     /// Set when a transport executes this QP's requests (a networked device's engine).
     pub(crate) offload: Option<<Qp as Deliver>::Offloaded>,
@@ -169,14 +168,14 @@ impl Qp {
             "softverbs-qp",
             std::mem::size_of::<QpCtx>(),
         )?);
-        let (qpn, listing) = publish_qpn(&dev, &ctx)?;
+        let (qpn, listing) = dev.alloc_qpn(&ctx)?;
         let c: &QpCtx = ctx.at(0);
         let recv_pd = init.srq.as_ref().map_or(pd.id, |s| s.pd);
         c.init(qpn, init.qp_type, pd.id, recv_pd);
         if let Some((role, id)) = xrc {
             c.set_xrc(role, id);
         }
-        let export = |e: &Export, seg: &Segment| e.set(seg.fd().as_raw_fd(), seg.inode());
+        let export = |e: &Export, seg: &Segment| e.set_segment(seg);
         match (&init.srq, &rq) {
             (Some(srq), _) => {
                 export(&c.rq, srq.rq.ring().segment());
@@ -658,31 +657,4 @@ impl Drop for Qp {
         }
         self.release();
     }
-}
-
-/// Picks a QP number no QP of this device on the host has, and publishes it.
-fn publish_qpn(dev: &Arc<Device>, ctx: &Segment) -> Result<(u32, Option<Listing>)> {
-    let mut taken = Vec::new();
-    let result = loop {
-        let qpn = match dev.alloc_qpn() {
-            Ok(q) => q,
-            Err(e) => break Err(e),
-        };
-        match publish(dev.config.gid, qpn, ctx) {
-            Ok(Some(listing)) => break Ok((qpn, Some(listing))),
-            Ok(None) => taken.push(qpn),
-            // Without abstract sockets (unusual sandboxes) the QP still works in-process.
-            Err(_) => break Ok((qpn, None)),
-        }
-        // Every process of the host allocates the same indices in the same order, so a
-        // process may meet as many taken numbers as other processes hold QPs (a server of
-        // 100 connections after a client of 100 QPs): try every free index before giving up.
-        if taken.len() >= dev.qpn_slots() {
-            break Err(Error::NoResources("no free QP number on this host".into()));
-        }
-    };
-    for qpn in taken {
-        dev.unregister_qp(qpn);
-    }
-    result
 }

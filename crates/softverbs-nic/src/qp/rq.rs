@@ -277,8 +277,7 @@ mod tests {
         let tiny = Ring::new("t", 4, 8).unwrap();
         assert!(RecvQueue::from_ring(tiny).is_err());
         let q = RecvQueue::new(4, 3).unwrap();
-        let fd = q.ring().segment().fd().try_clone_to_owned().unwrap();
-        let seg = crate::device_memory::segment::Segment::open(fd).unwrap();
+        let seg = q.ring().segment().reopen().unwrap();
         let view = RecvQueue::from_ring(Ring::open(seg).unwrap()).unwrap();
         assert_eq!(view.max_sge, q.max_sge);
     }

@@ -26,6 +26,7 @@ mod odp;
 mod one_sided;
 mod rc;
 mod relaxed;
+mod scale;
 mod selftest;
 mod shared_pd;
 mod srq;

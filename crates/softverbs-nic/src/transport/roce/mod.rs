@@ -29,7 +29,6 @@ use protocol::{
 };
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, Weak};
 
 pub use client::ENV_PCAP;
@@ -59,7 +58,7 @@ impl NetQp {
             slot_bytes(cap.max_send_sge, cap.max_inline_data),
         )?;
         let c: &QpCtx = ctx.at(0);
-        c.sq.set(sq.segment().fd().as_raw_fd(), sq.segment().inode());
+        c.sq.set_segment(sq.segment());
         Ok(NetQp {
             qpn,
             sq,

@@ -9,7 +9,7 @@ use crate::cq::{Cqe, Pushed, W_ID, W_MOVED, push_ring};
 use crate::device::directory::lookup;
 use crate::device::event::{AsyncEvent, EventElement, post_event};
 use crate::device_memory::doorbell::ring_fd;
-use crate::device_memory::export::{Export, open_peer_fd};
+use crate::device_memory::export::Export;
 use crate::device_memory::ring::Ring;
 use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result};
@@ -43,10 +43,10 @@ impl CqLink {
     }
 }
 
-/// A peer's CQ ring from its descriptor, refused unless a completion fits a slot (the ring is
-/// the peer's word, and pushing into too small slots would be a bug here, not an error there).
-fn open_cq_ring(fd: OwnedFd) -> Result<Ring> {
-    let ring = Ring::open(Segment::open(fd)?)?;
+/// A peer's CQ ring, refused unless a completion fits a slot (the ring is the peer's word, and
+/// pushing into too small slots would be a bug here, not an error there).
+fn open_cq_ring(seg: Segment) -> Result<Ring> {
+    let ring = Ring::open(seg)?;
     if ring.payload_bytes() < std::mem::size_of::<Cqe>() {
         return Err(Error::InvalidArgument(
             "peer CQ ring: slots too small".into(),
@@ -63,17 +63,19 @@ const MAX_CQ_MOVES: usize = 8;
 pub(crate) struct RemoteQp {
     pid: u32,
     ctx: Segment,
+    /// The directory table the QP was found in, kept mapped for the next lookups.
+    _listed_in: Arc<Segment>,
     qpn: u32,
     qp_type: QpType,
     rq: RecvQueue,
     srq_id: Option<u32>,
     cq: CqLink,
-    chan: Option<OwnedFd>,
+    chan: Option<Arc<OwnedFd>>,
     /// The send CQ, mapped when first needed (only the host engine completes sends).
-    send_cq: std::sync::OnceLock<Option<(CqLink, Option<OwnedFd>)>>,
+    send_cq: std::sync::OnceLock<Option<(CqLink, Option<Arc<OwnedFd>>)>>,
     keys: KeyTable,
     events: Ring,
-    events_bell: OwnedFd,
+    events_bell: Arc<OwnedFd>,
     gid: Gid,
     /// Where the bytes of the regions its key table names are (each region's owner's).
     memory: PeerMemory,
@@ -89,11 +91,8 @@ impl RemoteQp {
     /// Finds and maps QP `qpn` of the device with `gid`, if another process on this host
     /// has it.
     pub(crate) fn open(gid: Gid, qpn: u32, clock: crate::clock::Clock) -> Option<Arc<RemoteQp>> {
-        let (pid, fd, ino) = lookup(gid, qpn)?;
-        if pid == std::process::id() {
-            return None;
-        }
-        match Self::map(gid, qpn, pid, fd, ino, clock) {
+        let found = lookup(gid, qpn)?;
+        match Self::map(gid, qpn, found, clock) {
             Ok(q) => Some(Arc::new(q)),
             Err(e) => {
                 report_once(&e);
@@ -105,13 +104,11 @@ impl RemoteQp {
     fn map(
         gid: Gid,
         qpn: u32,
-        pid: u32,
-        fd: i32,
-        ino: u64,
+        found: crate::device::directory::Found,
         clock: crate::clock::Clock,
     ) -> Result<RemoteQp> {
+        let crate::device::directory::Found { pid, ctx, table } = found;
         let bad = |what: &str| Error::InvalidArgument(format!("peer QP context: {what}"));
-        let ctx = Segment::open(open_peer_fd(pid, fd, ino, false)?)?;
         if ctx.len() < std::mem::size_of::<QpCtx>() {
             return Err(bad("too small"));
         }
@@ -121,19 +118,19 @@ impl RemoteQp {
         }
         let qp_type =
             QpType::from_raw(c.qp_type.load(Ordering::Acquire)).ok_or_else(|| bad("type"))?;
-        let need = |e: &Export| e.open(pid, false)?.ok_or_else(|| bad("missing segment"));
-        let rq = RecvQueue::from_ring(Ring::open(Segment::open(need(&c.rq)?)?)?)?;
+        let need = |e: &Export| e.open_segment(pid)?.ok_or_else(|| bad("missing segment"));
+        let rq = RecvQueue::from_ring(Ring::open(need(&c.rq)?)?)?;
         let cq = open_cq_ring(need(&c.cq)?)?;
-        let keys = KeyTable::open(Segment::open(need(&c.keys)?)?)?;
-        let events = Ring::open(Segment::open(need(&c.events)?)?)?;
+        let keys = KeyTable::open(need(&c.keys)?)?;
+        let events = Ring::open(need(&c.events)?)?;
         if events.payload_bytes() < std::mem::size_of::<crate::device::event::EventRecord>() {
             return Err(bad("event queue slots too small"));
         }
         let events_bell = c
             .events_bell
-            .open(pid, true)?
+            .open_bell(pid)?
             .ok_or_else(|| bad("no event bell"))?;
-        let chan = c.chan.open(pid, true)?;
+        let chan = c.chan.open_bell(pid)?;
         let srq = c.srq.load(Ordering::Acquire);
         Ok(RemoteQp {
             pid,
@@ -153,6 +150,7 @@ impl RemoteQp {
             dead: AtomicBool::new(false),
             clock,
             ctx,
+            _listed_in: table,
         })
     }
 
@@ -198,12 +196,12 @@ impl RemoteQp {
 
     /// The QP's send ring (networked QPs), mapped here.
     pub(crate) fn send_ring(&self) -> Result<Ring> {
-        let fd = self
+        let seg = self
             .ctx()
             .sq
-            .open(self.pid, false)?
+            .open_segment(self.pid)?
             .ok_or_else(|| Error::InvalidArgument("peer QP context: no send ring".into()))?;
-        Ring::open(Segment::open(fd)?)
+        Ring::open(seg)
     }
 
     /// Says that every send WQE before number `seq` has completed.
@@ -226,8 +224,8 @@ impl RemoteQp {
             if link.next.get().is_none() {
                 // The owner named the new ring in the QP context before flagging the old one.
                 let opened = export(self.ctx())
-                    .open(self.pid, false)
-                    .and_then(|fd| fd.ok_or_else(|| Error::InvalidArgument("no CQ".into())))
+                    .open_segment(self.pid)
+                    .and_then(|s| s.ok_or_else(|| Error::InvalidArgument("no CQ".into())))
                     .and_then(open_cq_ring);
                 match opened {
                     Ok(ring) => {
@@ -255,14 +253,14 @@ impl RemoteQp {
             let c = self.ctx();
             let ring = c
                 .send_cq
-                .open(self.pid, false)
+                .open_segment(self.pid)
                 .ok()
                 .flatten()
                 .map(open_cq_ring);
             match ring {
                 Some(Ok(r)) => Some((
                     CqLink::new(r),
-                    c.send_chan.open(self.pid, true).ok().flatten(),
+                    c.send_chan.open_bell(self.pid).ok().flatten(),
                 )),
                 Some(Err(e)) => {
                     report_once(&e);
@@ -273,7 +271,7 @@ impl RemoteQp {
         });
         if let Some((first, chan)) = link {
             let ring = self.follow(first, |c| &c.send_cq);
-            self.push_into(ring, chan.as_ref(), cqe);
+            self.push_into(ring, chan.as_deref(), cqe);
         }
     }
 
@@ -357,7 +355,7 @@ impl Responder for RemoteQp {
 
     /// Pushes a receive completion into the owner's CQ, signalling as the owner would.
     fn push_recv(&self, cqe: Cqe) {
-        self.push_into(self.cq(), self.chan.as_ref(), cqe);
+        self.push_into(self.cq(), self.chan.as_deref(), cqe);
     }
 
     /// The responder side of an error: the owner's QP goes to ERR, its posted receives are
@@ -407,7 +405,7 @@ mod tests {
     /// than failing an assertion at the first completion pushed into it.
     #[test]
     fn a_peer_cq_ring_with_tiny_slots_is_refused() {
-        let dup = |r: &Ring| r.segment().fd().try_clone_to_owned().unwrap();
+        let dup = |r: &Ring| r.segment().reopen().unwrap();
         let tiny = Ring::new("t", 4, 16).unwrap();
         assert!(open_cq_ring(dup(&tiny)).is_err());
         let fits = Ring::new("t", 4, std::mem::size_of::<Cqe>()).unwrap();

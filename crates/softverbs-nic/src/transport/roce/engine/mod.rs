@@ -506,7 +506,7 @@ impl Engine {
             ep.add_addr(s.addr);
         }
         ep.use_kernel_headers(io::ROCE_PORT);
-        let state = Segment::create("softverbs-engine", std::mem::size_of::<EngineState>())?;
+        let state = Segment::create_file("softverbs-engine", std::mem::size_of::<EngineState>())?;
         // The control socket's name is ours, so the CM socket's is free unless some other
         // program took it; then the engine serves its QPs without carrying CM MADs.
         let gsi = gsi::Gsi::bind(primary).unwrap_or_else(|_| gsi::Gsi::unbound());
