@@ -89,7 +89,7 @@ fn ibv_devinfo_shows_the_port_active() {
     for want in [
         "\t\t\t\t\tMEM_WINDOW\n",
         "\t\t\t\t\tMEM_WINDOW_TYPE_2B\n",
-        "\tmax_mw:\t\t\t\t65536\n",
+        "\tmax_mw:\t\t\t\t1048576\n",
         "\tmax_mcast_grp:\t\t\t8192\n",
         "\tmax_mcast_qp_attach:\t\t56\n",
         "\tmax_total_mcast_qp_attach:\t458752\n",
@@ -193,19 +193,33 @@ fn perftest(tool: &str) {
 
 /// Runs a perftest tool with `-a` (every message size, 2 B to 8 MiB) as server and client;
 /// both must exit 0 and the client's table must reach the last size. `-n 100` keeps each
-/// pair near 10 s on 2 cores (the default 1000 latency iterations take about a minute).
+/// pair near 10 s on 2 cores (the default 1000 latency iterations take about a minute). The
+/// budget is for a shared CI machine: two busy-polling processes beside two CPU-bound ones
+/// get a quarter of the time each, and every round trip of a latency tool may wait for a
+/// time slice.
 /// The atomic tools have no such test: perftest refuses `-a` for them ("Message size
 /// cannot be changed for Atomic tests").
 fn perftest_all_sizes(tool: &str) {
     if find_in_path(tool).is_none() {
         eprintln!("(`{tool}` comes with `apt-get install perftest`)");
     }
-    pair(tool, "-x", &["-a", "-n", "100"], "8388608");
+    pair_within(
+        tool,
+        "-x",
+        &["-a", "-n", "100"],
+        "8388608",
+        Duration::from_secs(300),
+    );
 }
 
 /// Server and client of `tool` with GID index 0 (`gid_flag 0`: RoCE needs a GRH), on a free
 /// TCP port; both must exit 0 and the client's output must contain `expect`.
 fn pair(tool: &str, gid_flag: &str, extra: &[&str], expect: &str) {
+    pair_within(tool, gid_flag, extra, expect, Duration::from_secs(60));
+}
+
+/// [`pair`], the client given `limit` to finish.
+fn pair_within(tool: &str, gid_flag: &str, extra: &[&str], expect: &str, limit: Duration) {
     if !have_tools(module_path!(), &[tool]) {
         return;
     }
@@ -233,7 +247,7 @@ fn pair(tool: &str, gid_flag: &str, extra: &[&str], expect: &str) {
     client_args.push("127.0.0.1");
     // A pair that hangs explains itself: both processes are inspected before they are killed.
     let mut hung = String::new();
-    let client = match wait(spawn(&client_args), Duration::from_secs(60)) {
+    let client = match wait(spawn(&client_args), limit) {
         Ok(out) => out,
         Err(client) => {
             hung = diagnose(&[("client", &client), ("server", &server)]);
