@@ -12,6 +12,7 @@ mod perf_cq;
 mod perf_net;
 mod perf_noncontig;
 mod perf_objects;
+mod perf_rate;
 mod pingpong;
 mod report;
 mod run;

@@ -166,6 +166,8 @@ pub(crate) struct Plan {
     pub(crate) warmup: u64,
     /// Bytes per bandwidth figure.
     pub(crate) bw_total: u64,
+    /// Messages per message-rate figure.
+    pub(crate) messages: u64,
 }
 
 impl Plan {
@@ -186,6 +188,11 @@ impl Plan {
             iters,
             warmup: (iters / 10).clamp(1, 10_000),
             bw_total: if quick { QUICK_BW_TOTAL } else { BW_TOTAL },
+            messages: if quick {
+                crate::perf_rate::QUICK_MESSAGES
+            } else {
+                crate::perf_rate::MESSAGES
+            },
         })
     }
 }
@@ -200,8 +207,8 @@ pub(crate) struct WireEp {
     psn: u32,
     lid: u16,
     gid: String,
-    addr: u64,
-    rkey: u32,
+    pub(crate) addr: u64,
+    pub(crate) rkey: u32,
 }
 
 impl WireEp {
@@ -224,6 +231,11 @@ pub(crate) enum Test {
     WriteLat,
     SendLat,
     WriteBw,
+    /// B only holds a connected QP and its region (READ and atomic latency, WRITE and READ
+    /// message rates) until A says `check`; `size` is the region's length.
+    Passive,
+    /// B receives `rounds` SENDs (message rate), reposting its receives.
+    SendRate,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -245,8 +257,11 @@ pub(crate) enum Msg {
     Endpoint { ep: WireEp },
     /// B → A: ready to start (cache line).
     Ready,
-    /// A → B: the bandwidth writes are done: check your buffer.
+    /// A → B: the bandwidth writes are done: check your buffer (or, after passive tests:
+    /// they are over).
     Check,
+    /// A → B: consume `messages` descriptors of the raw shared-memory ring.
+    RawRing { messages: u64 },
     /// B → A: the test is over on this side.
     Done,
     /// A → B: exit.
@@ -430,19 +445,26 @@ impl Drop for Watchdog {
 // ---------------------------------------------------------------------------------------------
 // The cache-line baseline: one shared page, one counter bounced between two processes.
 
-/// A shared mapping of one page of a file (a memfd) that both processes map.
+/// Bytes of the shared file: the cache-line page, then the raw ring's words.
+fn shared_len() -> usize {
+    (rustix::param::page_size() + crate::perf_rate::RING_WORDS * 8)
+        .next_multiple_of(rustix::param::page_size())
+}
+
+/// A shared mapping of a file (a memfd) that both processes map: the cache-line baseline's
+/// page, and the raw ring's memory after it.
 struct SharedPage {
     ptr: NonNull<u8>,
     len: usize,
 }
 
 impl SharedPage {
-    /// Maps the first page of `file`, which must be at least that long.
+    /// Maps `file`, which must be [`shared_len`] bytes at least.
     fn map(file: &std::fs::File) -> Result<SharedPage> {
-        let len = rustix::param::page_size();
+        let len = shared_len();
         let size = file.metadata()?.len();
         if size < len as u64 {
-            return Err(format!("the shared page is {size} bytes, expected {len}").into());
+            return Err(format!("the shared file is {size} bytes, expected {len}").into());
         }
         // SAFETY: a new shared mapping at an address the kernel picks, so it aliases no Rust
         // object; the file is at least `len` bytes (checked above), so no access faults.
@@ -468,6 +490,20 @@ impl SharedPage {
         // (a fresh memfd) is a valid `AtomicU64`.
         unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().cast::<u64>()) }
     }
+
+    /// The raw ring's words, after the first page.
+    fn ring_words(&self) -> &[AtomicU64] {
+        let page = rustix::param::page_size();
+        // SAFETY: the words lie inside the mapping (`shared_len` holds the page and
+        // RING_WORDS words), start page-aligned, live as long as `&self`, and are only ever
+        // accessed atomically, in either process; all-zero is a valid `AtomicU64`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ptr.as_ptr().add(page).cast::<AtomicU64>(),
+                crate::perf_rate::RING_WORDS,
+            )
+        }
+    }
 }
 
 impl Drop for SharedPage {
@@ -481,7 +517,7 @@ impl Drop for SharedPage {
 fn create_shared_page() -> Result<std::fs::File> {
     let fd = rustix::fs::memfd_create("softverbs-perf", rustix::fs::MemfdFlags::CLOEXEC)
         .map_err(|e| format!("memfd_create: {e}"))?;
-    rustix::fs::ftruncate(&fd, rustix::param::page_size() as u64)
+    rustix::fs::ftruncate(&fd, shared_len() as u64)
         .map_err(|e| format!("sizing the shared page: {e}"))?;
     Ok(std::fs::File::from(fd))
 }
@@ -619,14 +655,19 @@ enum Waits {
     Sleep,
 }
 
+/// What a side's peer may do to its QP and region: write, read and atomics.
+const REMOTE_ACCESS: AccessFlags = AccessFlags::REMOTE_WRITE
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
 /// One side of an RDMA test: an RC QP with its own send and receive CQs, and one memory
-/// region that peers may write.
-struct Side {
+/// region that peers may write, read and update atomically.
+pub(crate) struct Side {
     // Dropped in this order: QP, memory, CQs, PD, context.
-    qp: QueuePair,
-    mr: MemoryRegion<'static>,
-    send_cq: CompletionQueue,
-    recv_cq: CompletionQueue,
+    pub(crate) qp: QueuePair,
+    pub(crate) mr: MemoryRegion<'static>,
+    pub(crate) send_cq: CompletionQueue,
+    pub(crate) recv_cq: CompletionQueue,
     _pd: ProtectionDomain,
     _ctx: Context,
     psn: u32,
@@ -662,7 +703,7 @@ impl Side {
             },
             ..QpInitAttr::new(QpType::Rc, &send_cq, &recv_cq)
         })?;
-        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let access = AccessFlags::LOCAL_WRITE | REMOTE_ACCESS;
         let mr = pd
             .alloc_mr(mr_len, access)
             .map_err(|e| format!("registering {mr_len} bytes: {e}"))?;
@@ -729,7 +770,7 @@ impl Side {
         let Some(route) = self.route else {
             return self
                 .qp
-                .connect(&remote.endpoint()?, self.psn, AccessFlags::REMOTE_WRITE)
+                .connect(&remote.endpoint()?, self.psn, REMOTE_ACCESS)
                 .map_err(|e| format!("connecting the QP: {e}").into());
         };
         // As `QueuePair::connect`, but the GRH names this side's GID of the route (the
@@ -765,7 +806,7 @@ impl Side {
             | QpAttrMask::MAX_DEST_RD_ATOMIC
             | QpAttrMask::MIN_RNR_TIMER;
         self.qp
-            .to_init(AccessFlags::REMOTE_WRITE)
+            .to_init(REMOTE_ACCESS)
             .and_then(|()| self.qp.modify(&rtr, mask))
             .and_then(|()| self.qp.to_rts(self.psn))
             .map_err(|e| format!("connecting the QP (GID index {}): {e}", route.sgid_index).into())
@@ -1105,17 +1146,27 @@ pub(crate) struct Latency {
 }
 
 impl Latency {
-    /// From round-trip samples in ns.
-    pub(crate) fn from_rtts(mut rtts: Vec<f64>, round_trips: u64) -> Latency {
+    /// From round-trip samples in ns: the latency is half a round trip.
+    pub(crate) fn from_rtts(rtts: Vec<f64>, round_trips: u64) -> Latency {
+        Latency::from_samples(rtts, round_trips, 2.0)
+    }
+
+    /// From samples of whole operations in ns (a READ or an atomic: request and response),
+    /// which perftest's `ib_read_lat` and `ib_atomic_lat` report as they are.
+    pub(crate) fn from_ops(ops: Vec<f64>, round_trips: u64) -> Latency {
+        Latency::from_samples(ops, round_trips, 1.0)
+    }
+
+    fn from_samples(mut rtts: Vec<f64>, round_trips: u64, per: f64) -> Latency {
         rtts.sort_by(f64::total_cmp);
         let q = |p: f64| {
             if rtts.is_empty() {
                 return 0.0;
             }
             let i = ((rtts.len() as f64 * p).ceil() as usize).clamp(1, rtts.len()) - 1;
-            rtts[i] / 2.0
+            rtts[i] / per
         };
-        let mean = rtts.iter().sum::<f64>() / rtts.len().max(1) as f64 / 2.0;
+        let mean = rtts.iter().sum::<f64>() / rtts.len().max(1) as f64 / per;
         Latency {
             p50_ns: q(0.50),
             p99_ns: q(0.99),
@@ -1177,6 +1228,8 @@ struct Report {
     cpus: usize,
     /// The CPUs the two processes were pinned to (this one first).
     cpu_pair: [usize; 2],
+    /// The CPUs this process may use (one QP per CPU in the message rates).
+    cpus_allowed: Vec<usize>,
     cpu_model: String,
     /// Both processes' ids (this one first).
     pids: [u32; 2],
@@ -1186,7 +1239,12 @@ struct Report {
     baselines: Baselines,
     rdma_write_latency: Option<LatencyFigure>,
     send_latency: Option<LatencyFigure>,
+    /// A whole READ of 64 B, post to completion (as `ib_read_lat` reports it).
+    read_latency: Option<LatencyFigure>,
+    /// A whole fetch-and-add, post to completion (as `ib_atomic_lat` reports it).
+    fetch_add_latency: Option<LatencyFigure>,
     rdma_write_bandwidth: Vec<BandwidthFigure>,
+    message_rates: Option<crate::perf_rate::Rates>,
 }
 
 pub(crate) fn size_text(size: usize) -> String {
@@ -1233,6 +1291,25 @@ impl Report {
                 );
             }
         }
+        for (name, fig) in [
+            ("RDMA READ", &self.read_latency),
+            ("fetch-and-add", &self.fetch_add_latency),
+        ] {
+            if let Some(f) = fig {
+                let _ = writeln!(
+                    t,
+                    "  {name} {} latency: {:.0} ns post to completion (cache-line ping-pong \
+                     {:.0} ns, {:.1}x); p99 {:.0} ns, mean {:.0} ns, {} operations",
+                    size_text(f.size),
+                    f.latency.p50_ns,
+                    f.baseline_ns,
+                    f.ratio,
+                    f.latency.p99_ns,
+                    f.latency.mean_ns,
+                    f.latency.round_trips
+                );
+            }
+        }
         for f in &self.rdma_write_bandwidth {
             let _ = writeln!(
                 t,
@@ -1245,6 +1322,9 @@ impl Report {
                 f.writes,
                 f.seconds
             );
+        }
+        if let Some(r) = &self.message_rates {
+            t.push_str(&r.text());
         }
         if !self.ok {
             let _ = writeln!(
@@ -1402,6 +1482,7 @@ pub fn run(args: &Args) -> Result<()> {
     let plan = Plan::new(args)?;
     let pair = crate::report::cpu_pair(args.cpus.as_deref())?;
     let all_cpus = cpus();
+    let allowed = crate::report::allowed_cpus();
     // Before any thread starts, so that they all stay on this CPU too.
     crate::report::pin_to(pair[0])?;
     let device = crate::find_device(args.device.as_deref())?;
@@ -1411,6 +1492,7 @@ pub fn run(args: &Args) -> Result<()> {
         quick: args.quick,
         cpus: all_cpus,
         cpu_pair: pair,
+        cpus_allowed: allowed,
         cpu_model: crate::report::cpu_model(),
         ..Report::default()
     };
@@ -1599,7 +1681,134 @@ fn measure(
         let baseline = report.baselines.memcpy[i].gb_s;
         report.rdma_write_bandwidth.push(run.figure(baseline));
     }
-    result
+    result?;
+
+    use crate::perf_rate::{MSG_SIZE, fetch_add_op, one_at_a_time, read_op};
+    let ops: [(&str, crate::perf_rate::OpAt); 2] =
+        [("RDMA READ", read_op), ("fetch-and-add", fetch_add_op)];
+    for (name, op) in ops {
+        watchdog.phase(guard, &format!("{name} latency"));
+        let mut side = Side::new(device, MSG_SIZE, LAT_SQ_DEPTH, 1)?;
+        let theirs = start_rdma(link, &side, Test::Passive, 0, MSG_SIZE as u64)?;
+        let l = one_at_a_time(&mut side, op(&theirs), plan.warmup, plan.iters, guard)?;
+        send(link, &Msg::Check)?;
+        expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+        let fig = Some(LatencyFigure {
+            size: if name == "RDMA READ" { MSG_SIZE } else { 8 },
+            baseline_ns: cl.p50_ns,
+            ratio: l.p50_ns / cl.p50_ns.max(1e-9),
+            latency: l,
+        });
+        if name == "RDMA READ" {
+            report.read_latency = fig;
+        } else {
+            report.fetch_add_latency = fig;
+        }
+    }
+    let allowed = report.cpus_allowed.clone();
+    report.message_rates = Some(measure_rates(
+        link, device, plan, page, guard, watchdog, &allowed,
+    )?);
+    Ok(())
+}
+
+/// The message rates and the raw ring (see [`crate::perf_rate`]).
+fn measure_rates(
+    link: &mut TcpLink,
+    device: &Device,
+    plan: &Plan,
+    page: &SharedPage,
+    guard: &Guard,
+    watchdog: &Watchdog,
+    allowed: &[usize],
+) -> Result<crate::perf_rate::Rates> {
+    use crate::perf_rate::{MSG_SIZE, RateFigure, Rates, rate, read_op, write_op};
+    let messages = plan.messages;
+    let mut rates = Rates::default();
+
+    watchdog.phase(guard, "raw ring");
+    let words = page.ring_words();
+    for w in words {
+        w.store(0, Ordering::Relaxed);
+    }
+    send(link, &Msg::RawRing { messages })?;
+    expect(link, "ready", |m| (m == Msg::Ready).then_some(m))?;
+    let seconds = crate::perf_rate::raw_ring_producer(words, messages, guard)?;
+    expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+    rates.raw_ring_msgs_per_sec = messages as f64 / seconds.max(1e-9);
+    let figure = |op, qps: usize, seconds: f64, raw: f64| {
+        let total = messages * qps as u64;
+        let msgs_per_sec = total as f64 / seconds.max(1e-9);
+        RateFigure {
+            op,
+            qps,
+            messages: total,
+            seconds,
+            msgs_per_sec,
+            ratio_to_raw_ring: msgs_per_sec / raw.max(1e-9),
+        }
+    };
+    let raw = rates.raw_ring_msgs_per_sec;
+
+    let ops: [(&'static str, Test, crate::perf_rate::OpAt); 3] = [
+        ("RDMA WRITE", Test::Passive, write_op),
+        ("SEND", Test::SendRate, |_| SendOp::Send),
+        ("RDMA READ", Test::Passive, read_op),
+    ];
+    for (name, test, op) in ops {
+        watchdog.phase(guard, &format!("{name} message rate"));
+        let mut side = Side::new(device, MSG_SIZE, crate::perf_rate::TX_DEPTH as u32, 1)?;
+        let theirs = start_rdma(link, &side, test, messages, MSG_SIZE as u64)?;
+        let seconds = rate(&mut side, op(&theirs), messages, guard)?;
+        if test == Test::Passive {
+            send(link, &Msg::Check)?;
+        }
+        expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+        rates.figures.push(figure(name, 1, seconds, raw));
+    }
+
+    // One QP per CPU, each driven by a thread on its CPU.
+    if allowed.len() > 1 {
+        watchdog.phase(guard, "RDMA WRITE message rate, one QP per CPU");
+        let mut sides = Vec::new();
+        for _ in allowed {
+            let side = Side::new(device, MSG_SIZE, crate::perf_rate::TX_DEPTH as u32, 1)?;
+            let theirs = start_rdma(link, &side, Test::Passive, messages, MSG_SIZE as u64)?;
+            sides.push((side, theirs));
+        }
+        let start = std::sync::Barrier::new(sides.len());
+        let times: Vec<Result<f64>> = std::thread::scope(|s| {
+            let runs: Vec<_> = sides
+                .iter_mut()
+                .zip(allowed)
+                .map(|((side, theirs), &cpu)| {
+                    let start = &start;
+                    s.spawn(move || {
+                        crate::report::pin_to(cpu)?;
+                        start.wait();
+                        rate(side, write_op(theirs), messages, guard)
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .map(|r| {
+                    r.join()
+                        .unwrap_or_else(|_| Err("a rate thread panicked".into()))
+                })
+                .collect()
+        });
+        let mut slowest = 0.0f64;
+        for t in times {
+            slowest = slowest.max(t?);
+        }
+        send(link, &Msg::Check)?;
+        expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+        let f = figure("RDMA WRITE", sides.len(), slowest, raw);
+        let one = rates.figures[0].msgs_per_sec;
+        rates.per_cpu_scaling = Some(f.msgs_per_sec / (one * sides.len() as f64).max(1e-9));
+        rates.figures.push(f);
+    }
+    Ok(rates)
 }
 
 /// One RDMA WRITE bandwidth run.
@@ -1775,6 +1984,8 @@ pub fn run_peer(args: &PeerArgs) -> Result<()> {
 
 /// B's loop: does what A asks until `quit`.
 fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) -> Result<()> {
+    // Passive sides A set up and has not finished with (`check` ends them).
+    let mut held: Vec<Side> = Vec::new();
     loop {
         match recv(link)? {
             Msg::Hello { .. } => send(
@@ -1793,7 +2004,18 @@ fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) 
                 rounds,
                 size,
                 ep,
-            } => serve_rdma(link, device, None, test, rounds, size, &ep, guard)?,
+            } => held.extend(serve_rdma(
+                link, device, None, test, rounds, size, &ep, guard,
+            )?),
+            Msg::Check => {
+                held.clear();
+                send(link, &Msg::Done)?;
+            }
+            Msg::RawRing { messages } => {
+                send(link, &Msg::Ready)?;
+                crate::perf_rate::raw_ring_consumer(page.ring_words(), messages, guard)?;
+                send(link, &Msg::Done)?;
+            }
             Msg::Quit => return Ok(()),
             other => return Err(format!("unexpected message from perf: {other:?}").into()),
         }
@@ -1801,7 +2023,8 @@ fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) 
 }
 
 /// B's part of one RDMA test A asked for (`Msg::Rdma`): its QP, connected to A's `ep`
-/// over `route`, then the test.
+/// over `route`, then the test. A passive test's side is returned for the caller to hold
+/// until A says `check` (A may set up several at once: one QP per core).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve_rdma(
     link: &mut TcpLink,
@@ -1812,11 +2035,12 @@ pub(crate) fn serve_rdma(
     size: u64,
     ep: &WireEp,
     guard: &Guard,
-) -> Result<()> {
+) -> Result<Option<Side>> {
     let plan = Plan {
         iters: rounds,
         warmup: 0,
         bw_total: 0,
+        messages: 0,
     };
     match test {
         Test::WriteLat => {
@@ -1869,7 +2093,42 @@ pub(crate) fn serve_rdma(
             check_bw_target(&side, size)?;
             send(link, &Msg::Done)
         }
+        Test::Passive => {
+            let size = usize::try_from(size)
+                .ok()
+                .filter(|&s| s > 0 && s <= 1 << 30)
+                .ok_or_else(|| format!("bad region size {size}"))?;
+            let side = Side::new(device, size, 1, 1)?.with_route(route);
+            side.connect(ep)?;
+            send(
+                link,
+                &Msg::Endpoint {
+                    ep: side.endpoint()?,
+                },
+            )?;
+            return Ok(Some(side));
+        }
+        Test::SendRate => {
+            let mut side = Side::new(
+                device,
+                crate::perf_rate::MSG_SIZE * crate::perf_rate::RX_DEPTH,
+                1,
+                crate::perf_rate::RX_DEPTH as u32,
+            )?
+            .with_route(route);
+            side.connect(ep)?;
+            crate::perf_rate::post_receives(&side)?;
+            send(
+                link,
+                &Msg::Endpoint {
+                    ep: side.endpoint()?,
+                },
+            )?;
+            crate::perf_rate::receive(&mut side, rounds, guard)?;
+            send(link, &Msg::Done)
+        }
     }
+    .map(|()| None)
 }
 
 #[cfg(test)]
@@ -1929,6 +2188,40 @@ mod tests {
         assert_eq!(dst, src);
     }
 
+    /// READ and fetch-and-add one at a time, and a WRITE message rate, between two QPs of
+    /// this process: each moves what it should.
+    #[test]
+    fn one_sided_latencies_and_message_rates_move_the_bytes() {
+        use crate::perf_rate::{
+            MSG_SIZE, TX_DEPTH, fetch_add_op, one_at_a_time, rate, read_op, write_op,
+        };
+        let dev = crate::find_device(None).unwrap();
+        let guard = Guard::new();
+        let mut a = Side::new(&dev, MSG_SIZE, TX_DEPTH as u32, 1).unwrap();
+        let b = Side::new(&dev, MSG_SIZE, 1, 1).unwrap();
+        let (ea, eb) = (a.endpoint().unwrap(), b.endpoint().unwrap());
+        a.connect(&eb).unwrap();
+        b.connect(&ea).unwrap();
+        b.mr.write_at(0, &[7u8; MSG_SIZE]).unwrap();
+        let l = one_at_a_time(&mut a, read_op(&eb), 5, 50, &guard).unwrap();
+        assert!(l.p50_ns > 0.0 && l.round_trips == 50, "{l:?}");
+        assert_eq!(
+            a.mr.to_vec()[..MSG_SIZE],
+            [7u8; MSG_SIZE],
+            "the READ brought B's bytes"
+        );
+        b.mr.store_u64(0, 0).unwrap();
+        one_at_a_time(&mut a, fetch_add_op(&eb), 5, 50, &guard).unwrap();
+        assert_eq!(b.mr.load_u64(0).unwrap(), 55, "one add per fetch-and-add");
+        a.mr.write_at(0, &[9u8; MSG_SIZE]).unwrap();
+        assert!(rate(&mut a, write_op(&eb), 1000, &guard).unwrap() > 0.0);
+        assert_eq!(
+            b.mr.to_vec()[..MSG_SIZE],
+            [9u8; MSG_SIZE],
+            "the WRITEs landed"
+        );
+    }
+
     /// The RDMA tests, with both sides in this process (two threads): the same code the two
     /// processes run, on the same-process data path.
     #[test]
@@ -1938,6 +2231,7 @@ mod tests {
             iters: 300,
             warmup: 10,
             bw_total: 4 << 20,
+            messages: 0,
         };
         let guard = Guard::new();
         let total = plan.warmup + plan.iters;
@@ -1945,6 +2239,7 @@ mod tests {
             iters: total,
             warmup: 0,
             bw_total: 0,
+            messages: 0,
         };
         // RDMA WRITE latency.
         let mut a = Side::new(&dev, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1).unwrap();

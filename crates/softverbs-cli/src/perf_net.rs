@@ -886,7 +886,8 @@ fn serve_end(args: &NetPeerArgs) -> Result<()> {
                         device = Some(rdma_device(args.device.as_deref(), args.ip)?);
                     }
                     let (dev, route) = device.as_ref().ok_or("no device")?;
-                    perf::serve_rdma(link, dev, Some(*route), test, rounds, size, &ep, &guard)?;
+                    let _passive =
+                        perf::serve_rdma(link, dev, Some(*route), test, rounds, size, &ep, &guard)?;
                 }
                 Msg::Quit => return Ok(()),
                 other => {

@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex};
 /// The other processes' `memfd`s mapped so far, by (owner pid, descriptor, inode).
 #[derive(Default)]
 pub(crate) struct PeerMemory {
+    /// The first file mapped, found without a lock: a connection mostly reaches one region
+    /// (a lock and a hash per operation were 7% of a 64-byte WRITE).
+    first: std::sync::OnceLock<((u32, i32, u64), Arc<Segment>)>,
     maps: Mutex<HashMap<(u32, i32, u64), Arc<Segment>>>,
 }
 
@@ -26,21 +29,28 @@ impl PeerMemory {
         let Some(b) = pin.backing_at(host) else {
             return Ok(Span::at(host, len, pid));
         };
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        let seg = match maps.get(&(pid, b.fd, b.ino)) {
-            Some(s) => s.clone(),
-            None => {
-                let s = Arc::new(Segment::open_peer_file(pid, b.fd, b.ino)?);
-                maps.insert((pid, b.fd, b.ino), s.clone());
-                s
+        let key = (pid, b.fd, b.ino);
+        let within = |seg: &Segment| {
+            let end = b.offset.checked_add(len as u64);
+            if end.is_none_or(|e| e > seg.len() as u64) {
+                return Err(Error::InvalidArgument(
+                    "peer registration outside its memfd".into(),
+                ));
             }
+            Ok(Span::local(seg.as_ptr() as usize + b.offset as usize, len))
         };
-        let end = b.offset.checked_add(len as u64);
-        if end.is_none_or(|e| e > seg.len() as u64) {
-            return Err(Error::InvalidArgument(
-                "peer registration outside its memfd".into(),
-            ));
+        if let Some((k, seg)) = self.first.get()
+            && *k == key
+        {
+            return within(seg);
         }
-        Ok(Span::local(seg.as_ptr() as usize + b.offset as usize, len))
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(seg) = maps.get(&key) {
+            return within(seg);
+        }
+        let seg = Arc::new(Segment::open_peer_file(pid, b.fd, b.ino)?);
+        maps.insert(key, seg.clone());
+        let _ = self.first.set((key, seg.clone()));
+        within(&seg)
     }
 }

@@ -37,11 +37,61 @@ impl Pinned<'_> {
     }
 }
 
+/// A list that holds one item without allocating: nearly every work request has one SGE, and
+/// two allocations per request (its spans and its pins) cost more than resolving it.
+pub(crate) enum Few<T> {
+    Inline(Option<T>),
+    Heap(Vec<T>),
+}
+
+impl<T> Few<T> {
+    pub(crate) const fn new() -> Few<T> {
+        Few::Inline(None)
+    }
+
+    pub(crate) fn push(&mut self, item: T) {
+        match self {
+            Few::Inline(slot @ None) => *slot = Some(item),
+            Few::Inline(Some(_)) => {
+                let Few::Inline(Some(first)) = std::mem::replace(self, Few::Heap(Vec::new()))
+                else {
+                    unreachable!("matched above")
+                };
+                *self = Few::Heap(vec![first, item]);
+            }
+            Few::Heap(v) => v.push(item),
+        }
+    }
+
+    /// The list as a `Vec`, moving an inline item there (for layouts, which resolve to many).
+    pub(crate) fn as_vec(&mut self) -> &mut Vec<T> {
+        if let Few::Inline(one) = self {
+            let v: Vec<T> = one.take().into_iter().collect();
+            *self = Few::Heap(v);
+        }
+        match self {
+            Few::Heap(v) => v,
+            Few::Inline(_) => unreachable!("made a Vec above"),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Few<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Few::Inline(None) => &[],
+            Few::Inline(Some(t)) => std::slice::from_ref(t),
+            Few::Heap(v) => v,
+        }
+    }
+}
+
 /// Pinned spans of one side of a transfer.
 pub(crate) struct Spans<'k> {
-    pub(crate) spans: Vec<Span>,
+    pub(crate) spans: Few<Span>,
     /// What keeps the spans registered until the transfer is over.
-    pub(crate) pins: Vec<Pin<'k>>,
+    pub(crate) pins: Few<Pin<'k>>,
     pub(crate) len: u64,
 }
 
@@ -85,7 +135,9 @@ fn reserve_spans(spans: &mut Vec<Span>, n: usize) {
 
 impl Drop for Spans<'_> {
     fn drop(&mut self) {
-        let mut v = std::mem::take(&mut self.spans);
+        let Few::Heap(mut v) = std::mem::replace(&mut self.spans, Few::new()) else {
+            return;
+        };
         if v.capacity() > 8 && v.capacity() <= KEPT_SPANS {
             v.clear();
             SPAN_LISTS.with(|l| {
@@ -107,8 +159,8 @@ pub(crate) fn pin_sges<'k>(
     need: AccessFlags,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Result<Spans<'k>, KeyError> {
-    let mut spans = Vec::with_capacity(sges.len());
-    let mut pins = Vec::with_capacity(sges.len());
+    let mut spans = Few::new();
+    let mut pins = Few::new();
     let mut len = 0u64;
     for s in sges.iter().filter(|s| s.length > 0) {
         let n = u64::from(s.length);
@@ -118,7 +170,16 @@ pub(crate) fn pin_sges<'k>(
                 pins.push(pin);
             }
             Err(KeyError::Layout) => resolve_layout(
-                keys, pd, s.lkey, s.addr, n, need, &place, &mut spans, &mut pins, 1,
+                keys,
+                pd,
+                s.lkey,
+                s.addr,
+                n,
+                need,
+                &place,
+                spans.as_vec(),
+                pins.as_vec(),
+                1,
             )?,
             Err(e) => return Err(e),
         }
@@ -153,7 +214,11 @@ pub(crate) fn pin_range<'k>(
                 keys, pd, key, addr, len, need, &place, &mut spans, &mut pins, 1,
             )
             .ok()?;
-            Some(Pinned::Many(Spans { spans, pins, len }))
+            Some(Pinned::Many(Spans {
+                spans: Few::Heap(spans),
+                pins: Few::Heap(pins),
+                len,
+            }))
         }
         Err(_) => None,
     }

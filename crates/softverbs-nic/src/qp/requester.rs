@@ -109,8 +109,8 @@ impl Qp {
     ) -> Result<Spans<'a>, WcStatus> {
         match payload {
             Payload::Inline(bytes) => Ok(Spans {
-                spans: vec![Span::of(bytes)],
-                pins: Vec::new(),
+                spans: crate::mr::resolve::Few::Inline(Some(Span::of(bytes))),
+                pins: crate::mr::resolve::Few::new(),
                 len: bytes.len() as u64,
             }),
             Payload::Sges(sges) => pin_sges(self.keys(), self.pd.id, sges, need, |p, h, n| {

@@ -23,9 +23,9 @@ use crate::types::{
     AccessFlags, AsyncEventType, Gid, QpState, QpType, WcOpcode, WcStatus, rnr_timer_micros,
 };
 use rustix::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 /// The owner's CQ ring a remote QP completes into, and the ring it moved to when the owner
 /// resized the CQ (found through the QP context, mapped once).
@@ -79,12 +79,21 @@ pub(crate) struct RemoteQp {
     gid: Gid,
     /// Where the bytes of the regions its key table names are (each region's owner's).
     memory: PeerMemory,
-    checked: Mutex<Instant>,
+    /// When the owner was last seen alive, on the coarse monotonic clock (ns).
+    checked: AtomicU64,
     dead: AtomicBool,
     clock: crate::clock::Clock,
 }
 
-/// How often a requester checks that a peer process is still alive.
+/// The coarse monotonic clock in ns: read from memory the kernel updates every tick, where
+/// the precise one costs a clock read on every operation (this is asked on each).
+fn coarse_now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// How often a requester checks that a peer process is still alive (at most; the coarse
+/// clock ticks every few milliseconds).
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(1);
 
 impl RemoteQp {
@@ -146,7 +155,7 @@ impl RemoteQp {
             events_bell,
             gid,
             memory: PeerMemory::default(),
-            checked: Mutex::new(Instant::now()),
+            checked: AtomicU64::new(coarse_now_ns()),
             dead: AtomicBool::new(false),
             clock,
             ctx,
@@ -167,9 +176,14 @@ impl RemoteQp {
             self.dead.store(true, Ordering::Relaxed);
             return false;
         }
-        let mut checked = self.checked.lock().unwrap_or_else(|e| e.into_inner());
-        if checked.elapsed() >= LIVENESS_INTERVAL {
-            *checked = Instant::now();
+        let now = coarse_now_ns();
+        let last = self.checked.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= LIVENESS_INTERVAL.as_nanos() as u64
+            && self
+                .checked
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
             let pid = rustix::process::Pid::from_raw(self.pid as i32);
             let alive = pid.is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
                 && std::fs::metadata(format!("/proc/{}/fd", self.pid)).is_ok();

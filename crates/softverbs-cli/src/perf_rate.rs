@@ -1,0 +1,344 @@
+//! `perf`'s message rates and its READ and atomic latencies: the operations the target
+//! process takes no part in (but SEND, whose receives it reposts), measured the way perftest
+//! measures them, beside the limit of this path in the same run.
+//!
+//! **Message rate** (64-byte RDMA WRITE, SEND and READ): as `ib_write_bw -s 64` does by
+//! default, at most [`TX_DEPTH`] work requests outstanding, one in [`CQ_MOD`] signaled; the
+//! figure is messages per second from the first post to the last completion. WRITE also runs
+//! with one QP per CPU, each driven by a thread pinned to its CPU.
+//!
+//! **The raw ring**, this path's limit: the same two processes through a ring in shared
+//! memory, carrying what the NIC must carry per message and no more: a 64-byte descriptor
+//! written by the initiator, its 64-byte payload copied by the target into the target's own
+//! buffer, and a completion word written back every [`CQ_MOD`] messages, with at most
+//! [`TX_DEPTH`] messages outstanding.
+//!
+//! **READ and fetch-and-add latency**: one operation at a time, each signaled, timed from the
+//! post to its completion: a whole round trip, which `ib_read_lat` and `ib_atomic_lat` report
+//! as it is (the WRITE and SEND ping-pongs report half of theirs).
+
+use crate::Result;
+use crate::perf::{Guard, Latency, Side, WireEp};
+use serde::Serialize;
+use softverbs::{RecvWr, SendFlags, SendOp, SendWr, WorkCompletion};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Bytes of each message.
+pub(crate) const MSG_SIZE: usize = 64;
+/// Work requests outstanding at most (perftest's default `--tx-depth`).
+pub(crate) const TX_DEPTH: u64 = 128;
+/// One work request in this many is signaled (perftest's default `--cq-mod`).
+pub(crate) const CQ_MOD: u64 = 100;
+/// Receives the SEND target keeps posted (perftest's default `--rx-depth`).
+pub(crate) const RX_DEPTH: usize = 512;
+/// Messages per rate figure.
+pub(crate) const MESSAGES: u64 = 1_000_000;
+pub(crate) const QUICK_MESSAGES: u64 = 50_000;
+
+/// One rate figure.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RateFigure {
+    pub(crate) op: &'static str,
+    pub(crate) qps: usize,
+    pub(crate) messages: u64,
+    pub(crate) seconds: f64,
+    pub(crate) msgs_per_sec: f64,
+    /// msgs_per_sec / the raw ring's.
+    pub(crate) ratio_to_raw_ring: f64,
+}
+
+/// The rates of a run and their limit.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct Rates {
+    pub(crate) raw_ring_msgs_per_sec: f64,
+    pub(crate) figures: Vec<RateFigure>,
+    /// WRITE with one QP per CPU, against CPUs × one QP's WRITE rate.
+    pub(crate) per_cpu_scaling: Option<f64>,
+}
+
+/// Posts the SEND target's receives, one MSG_SIZE slot each.
+pub(crate) fn post_receives(side: &Side) -> Result<()> {
+    for slot in 0..RX_DEPTH {
+        post_receive(side, slot)?;
+    }
+    Ok(())
+}
+
+fn post_receive(side: &Side, slot: usize) -> Result<()> {
+    let sge = [side.mr.sge(slot * MSG_SIZE..(slot + 1) * MSG_SIZE)];
+    side.qp
+        .post_recv([RecvWr::new(slot as u64, &sge)])
+        .map_err(|e| format!("SEND rate: posting receive {slot}: {e}").into())
+}
+
+/// The SEND target: takes `rounds` receive completions, reposting each receive.
+pub(crate) fn receive(side: &mut Side, rounds: u64, guard: &Guard) -> Result<()> {
+    let mut got = 0u64;
+    let mut wcs = [WorkCompletion::default(); 32];
+    let what = || "SEND rate: waiting for SENDs".to_string();
+    while got < rounds {
+        let n = guard.spin(&what, |_| {
+            let n = side.recv_cq.poll(&mut wcs);
+            Ok((n > 0).then_some(n))
+        })?;
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                return Err(format!("SEND rate: receive completion {wc:?}").into());
+            }
+            post_receive(side, wc.wr_id() as usize)?;
+        }
+        got += n as u64;
+    }
+    Ok(())
+}
+
+/// Sends `total` MSG_SIZE-byte work requests of `op` from `side`, perftest's way; returns
+/// the seconds from the first post to the last completion.
+pub(crate) fn rate(side: &mut Side, op: SendOp, total: u64, guard: &Guard) -> Result<f64> {
+    let sge = [side.mr.sge(0..MSG_SIZE)];
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut wcs = [WorkCompletion::default(); 16];
+    let what = || format!("{op:?} rate: waiting for completions");
+    let t0 = Instant::now();
+    while done < total {
+        while posted < total && posted - done < TX_DEPTH {
+            let signaled = (posted + 1) % CQ_MOD == 0 || posted + 1 == total;
+            let flags = if signaled {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+            side.qp
+                .post_send([SendWr::new(posted, op, &sge).flags(flags)])
+                .map_err(|e| format!("{op:?} rate: posting {posted}: {e}"))?;
+            posted += 1;
+        }
+        let n = guard.spin(&what, |_| {
+            let n = side.send_cq.poll(&mut wcs);
+            Ok((n > 0).then_some(n))
+        })?;
+        for wc in &wcs[..n] {
+            if !wc.is_ok() {
+                return Err(format!("{op:?} rate: completion {wc:?}").into());
+            }
+            // A signaled completion stands for every request before it.
+            done = done.max(wc.wr_id() + 1);
+        }
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// One READ or fetch-and-add (`op`) at a time, `warmup + iters` of them; the times of the
+/// last `iters`, in ns.
+pub(crate) fn one_at_a_time(
+    side: &mut Side,
+    op: SendOp,
+    warmup: u64,
+    iters: u64,
+    guard: &Guard,
+) -> Result<Latency> {
+    let sge = [side.mr.sge(0..if op.is_atomic() { 8 } else { MSG_SIZE })];
+    let mut samples = Vec::with_capacity(iters as usize);
+    let mut wc = [WorkCompletion::default()];
+    let what = || format!("{op:?} latency: waiting for the completion");
+    for r in 0..warmup + iters {
+        let t0 = Instant::now();
+        side.qp
+            .post_send([SendWr::new(r, op, &sge).flags(SendFlags::SIGNALED)])
+            .map_err(|e| format!("{op:?} latency: posting {r}: {e}"))?;
+        guard.spin(&what, |_| {
+            Ok((side.send_cq.poll(&mut wc) == 1).then_some(()))
+        })?;
+        let took = t0.elapsed();
+        if !wc[0].is_ok() {
+            return Err(format!("{op:?} latency: completion {:?}", wc[0]).into());
+        }
+        if r >= warmup {
+            samples.push(crate::perf::ns(took));
+        }
+        if r % 256 == 0 {
+            guard.beat();
+        }
+    }
+    Ok(Latency::from_ops(samples, iters))
+}
+
+/// An operation aimed at the peer's region.
+pub(crate) type OpAt = fn(&WireEp) -> SendOp;
+
+/// The operation of each one-sided figure, aimed at the peer's region.
+pub(crate) fn write_op(peer: &WireEp) -> SendOp {
+    SendOp::RdmaWrite {
+        remote_addr: peer.addr,
+        rkey: peer.rkey,
+    }
+}
+
+pub(crate) fn read_op(peer: &WireEp) -> SendOp {
+    SendOp::RdmaRead {
+        remote_addr: peer.addr,
+        rkey: peer.rkey,
+    }
+}
+
+pub(crate) fn fetch_add_op(peer: &WireEp) -> SendOp {
+    SendOp::FetchAdd {
+        remote_addr: peer.addr,
+        rkey: peer.rkey,
+        add: 1,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The raw ring.
+
+/// Descriptor slots of the raw ring.
+const RING: usize = TX_DEPTH as usize;
+/// Words of a descriptor and of a payload.
+const WORDS: usize = MSG_SIZE / 8;
+
+/// The raw ring's words in the shared memory: the completion word, then RING descriptors,
+/// then RING payloads.
+pub(crate) const RING_WORDS: usize = 8 + 2 * RING * WORDS;
+
+struct RawRing<'a> {
+    words: &'a [AtomicU64],
+}
+
+impl<'a> RawRing<'a> {
+    fn new(words: &'a [AtomicU64]) -> RawRing<'a> {
+        assert!(
+            words.len() >= RING_WORDS,
+            "the raw ring's memory is too small"
+        );
+        RawRing { words }
+    }
+
+    fn completed(&self) -> &AtomicU64 {
+        &self.words[0]
+    }
+
+    fn descriptor(&self, slot: usize) -> &[AtomicU64] {
+        let at = 8 + slot * WORDS;
+        &self.words[at..at + WORDS]
+    }
+
+    fn payload(&self, slot: usize) -> &[AtomicU64] {
+        let at = 8 + (RING + slot) * WORDS;
+        &self.words[at..at + WORDS]
+    }
+}
+
+/// The initiator's side of the raw ring: `messages` descriptors with their payloads; returns
+/// the seconds from the first to the last completion word. `words` was zeroed by the caller
+/// before the consumer started.
+pub(crate) fn raw_ring_producer(words: &[AtomicU64], messages: u64, guard: &Guard) -> Result<f64> {
+    let ring = RawRing::new(words);
+    let what = || "raw ring: the peer process stopped consuming".to_string();
+    let t0 = Instant::now();
+    for seq in 0..messages {
+        if seq >= TX_DEPTH {
+            let need = seq + 1 - TX_DEPTH;
+            if ring.completed().load(Ordering::Acquire) < need {
+                guard.spin(&what, |_| {
+                    Ok((ring.completed().load(Ordering::Acquire) >= need).then_some(()))
+                })?;
+            }
+        }
+        let slot = (seq % TX_DEPTH) as usize;
+        for (i, w) in ring.payload(slot).iter().enumerate() {
+            w.store(seq ^ i as u64, Ordering::Relaxed);
+        }
+        let d = ring.descriptor(slot);
+        d[1].store(seq, Ordering::Relaxed); // wr_id
+        d[2].store((slot * MSG_SIZE) as u64, Ordering::Relaxed); // target offset
+        d[3].store(MSG_SIZE as u64, Ordering::Relaxed); // length
+        d[0].store(seq + 1, Ordering::Release); // valid
+    }
+    guard.spin(&what, |_| {
+        Ok((ring.completed().load(Ordering::Acquire) >= messages).then_some(()))
+    })?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// The target's side of the raw ring: consumes `messages` descriptors, copying each payload
+/// into its own buffer, and writes the completion word every CQ_MOD messages and at the end;
+/// checks every payload it copied.
+pub(crate) fn raw_ring_consumer(words: &[AtomicU64], messages: u64, guard: &Guard) -> Result<()> {
+    let ring = RawRing::new(words);
+    let mut buf = vec![0u64; RING * WORDS];
+    let what = || "raw ring: the peer process stopped producing".to_string();
+    for seq in 0..messages {
+        let slot = (seq % TX_DEPTH) as usize;
+        let d = ring.descriptor(slot);
+        guard.spin(&what, |_| {
+            Ok((d[0].load(Ordering::Acquire) == seq + 1).then_some(()))
+        })?;
+        let at = d[2].load(Ordering::Relaxed) as usize / 8;
+        let len = d[3].load(Ordering::Relaxed) as usize / 8;
+        let dst = buf
+            .get_mut(at..at + len)
+            .ok_or("raw ring: a descriptor out of range")?;
+        for (b, w) in dst.iter_mut().zip(ring.payload(slot)) {
+            *b = w.load(Ordering::Relaxed);
+        }
+        if dst[WORDS - 1] != seq ^ (WORDS as u64 - 1) {
+            return Err(format!("raw ring: message {seq} arrived torn").into());
+        }
+        if (seq + 1) % CQ_MOD == 0 || seq + 1 == messages {
+            ring.completed().store(seq + 1, Ordering::Release);
+        }
+    }
+    Ok(())
+}
+
+impl Rates {
+    pub(crate) fn text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut t = String::new();
+        for f in &self.figures {
+            let _ = writeln!(
+                t,
+                "  {} 64 B message rate, {} QP{}: {:.2} M msg/s (raw ring {:.2} M msg/s, {:.2}x); \
+                 {} messages in {:.3} s",
+                f.op,
+                f.qps,
+                if f.qps == 1 { "" } else { "s, one per CPU" },
+                f.msgs_per_sec / 1e6,
+                self.raw_ring_msgs_per_sec / 1e6,
+                f.ratio_to_raw_ring,
+                f.messages,
+                f.seconds
+            );
+        }
+        if let Some(s) = self.per_cpu_scaling {
+            let _ = writeln!(
+                t,
+                "  RDMA WRITE with one QP per CPU: {s:.2}x of CPUs x one QP's rate"
+            );
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_raw_ring_carries_every_message_between_two_threads() {
+        let words: Vec<AtomicU64> = (0..RING_WORDS).map(|_| AtomicU64::new(0)).collect();
+        let guard = Guard::new();
+        let n = 10_000;
+        std::thread::scope(|s| {
+            s.spawn(|| raw_ring_consumer(&words, n, &guard).unwrap());
+            assert!(raw_ring_producer(&words, n, &guard).unwrap() > 0.0);
+        });
+        assert_eq!(
+            words[0].load(Ordering::Acquire),
+            n,
+            "every message completed"
+        );
+    }
+}
