@@ -8,7 +8,7 @@ use super::*;
 ///
 /// # Safety
 /// `list` must point to `n` SGEs (or `n` is 0, or `n` exceeds `max`).
-pub(super) unsafe fn sges(list: *const ibv_sge, n: c_int, max: u32) -> Result<Vec<Sge>> {
+pub(super) unsafe fn sges<'a>(list: *const ibv_sge, n: c_int, max: u32) -> Result<&'a [Sge]> {
     if n < 0 || (n > 0 && list.is_null()) {
         return Err(Error::InvalidArgument("num_sge/sg_list".into()));
     }
@@ -18,18 +18,20 @@ pub(super) unsafe fn sges(list: *const ibv_sge, n: c_int, max: u32) -> Result<Ve
         )));
     }
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(&[]);
     }
-    // SAFETY: the caller's list has `n` entries.
-    let s = unsafe { std::slice::from_raw_parts(list, n as usize) };
-    Ok(s.iter()
-        .map(|g| Sge {
-            addr: g.addr,
-            length: g.length,
-            lkey: g.lkey,
-        })
-        .collect())
+    // SAFETY: the caller's list has `n` entries, valid for the call; `ibv_sge` and `Sge` are
+    // the same `repr(C)` layout (asserted below), so the list is read in place, not copied.
+    Ok(unsafe { std::slice::from_raw_parts(list.cast::<Sge>(), n as usize) })
 }
+
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<ibv_sge>() == size_of::<Sge>() && align_of::<ibv_sge>() == align_of::<Sge>());
+    assert!(offset_of!(ibv_sge, addr) == offset_of!(Sge, addr));
+    assert!(offset_of!(ibv_sge, length) == offset_of!(Sge, length));
+    assert!(offset_of!(ibv_sge, lkey) == offset_of!(Sge, lkey));
+};
 
 /// Converts one `ibv_send_wr` for a QP with `cap`: an SGE count or an inline length over the
 /// QP's limits is refused before the list or the bytes are read.
@@ -127,8 +129,24 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'s
                 cap.max_inline_data
             )));
         }
+        if let [one] = list {
+            // SAFETY: with IBV_SEND_INLINE the SGE addresses are the caller's own readable
+            // buffers (no key involved), valid for the duration of the call, which is as long
+            // as this borrow lives (a request queued past the call is copied then).
+            let bytes = unsafe {
+                std::slice::from_raw_parts(one.addr as usize as *const u8, one.length as usize)
+            };
+            return Ok(SendWqe {
+                wr_id: w.wr_id,
+                op,
+                flags,
+                payload: Payload::Inline(Cow::Borrowed(bytes)),
+                ud: None,
+                xrc_srqn: 0,
+            });
+        }
         let mut bytes = Vec::with_capacity(total as usize);
-        for s in &list {
+        for s in list {
             if s.length > 0 {
                 // SAFETY: with IBV_SEND_INLINE the SGE addresses are the caller's own
                 // readable buffers (no key involved), valid for the duration of the call.
@@ -139,7 +157,7 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'s
         }
         Payload::Inline(Cow::Owned(bytes))
     } else {
-        Payload::Sges(Cow::Owned(list))
+        Payload::Sges(Cow::Borrowed(list))
     };
     Ok(SendWqe {
         wr_id: w.wr_id,
@@ -162,10 +180,10 @@ pub(super) unsafe extern "C" fn post_send(
     // SAFETY: a QP of ours.
     let sv = unsafe { &*(qp as *const SvQp) };
     let cap = sv.nic.cap();
-    let mut ptrs = Vec::new();
-    let mut wqes = Vec::new();
-    let mut failed: Option<(usize, c_int)> = None;
     let mut cur = wr;
+    // Each request is posted as soon as it is read, so the common single request allocates
+    // nothing; on a bad one, those before it are posted and `bad_wr` names it (the verbs'
+    // contract).
     while !cur.is_null() {
         // SAFETY: the caller's linked list of valid WRs.
         let w = unsafe { &*cur };
@@ -189,33 +207,17 @@ pub(super) unsafe extern "C" fn post_send(
             }
             Ok(q)
         });
-        match conv {
-            Ok(q) => {
-                ptrs.push(cur);
-                wqes.push(q);
+        let posted = conv.and_then(|q| sv.nic.post_send(std::iter::once(q)).map_err(|e| e.error));
+        if let Err(e) = posted {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = cur };
             }
-            Err(e) => {
-                ptrs.push(cur);
-                failed = Some((ptrs.len() - 1, e.errno()));
-                break;
-            }
+            return e.errno();
         }
         cur = w.next;
     }
-    let result = match sv.nic.post_send(wqes) {
-        Ok(()) => failed,
-        Err(e) => Some((e.index, e.error.errno())),
-    };
-    match result {
-        None => 0,
-        Some((i, errno)) => {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's out-pointer.
-                unsafe { *bad_wr = ptrs[i] };
-            }
-            errno
-        }
-    }
+    0
 }
 
 pub(super) unsafe extern "C" fn post_recv(
@@ -235,7 +237,7 @@ pub(super) unsafe extern "C" fn post_recv(
         let w = unsafe { &*cur };
         // SAFETY: as above.
         let r =
-            unsafe { sges(w.sg_list, w.num_sge, max) }.and_then(|s| sv.nic.post_recv(w.wr_id, &s));
+            unsafe { sges(w.sg_list, w.num_sge, max) }.and_then(|s| sv.nic.post_recv(w.wr_id, s));
         if let Err(e) = r {
             if !bad_wr.is_null() {
                 // SAFETY: the caller's out-pointer.
@@ -264,7 +266,7 @@ pub(super) unsafe extern "C" fn post_srq_recv(
         // SAFETY: the caller's linked list of valid WRs and their SGE lists.
         let w = unsafe { &*cur };
         // SAFETY: as above.
-        let r = unsafe { sges(w.sg_list, w.num_sge, max) }.and_then(|s| sv.nic.post(w.wr_id, &s));
+        let r = unsafe { sges(w.sg_list, w.num_sge, max) }.and_then(|s| sv.nic.post(w.wr_id, s));
         if let Err(e) = r {
             if !bad_wr.is_null() {
                 // SAFETY: the caller's out-pointer.

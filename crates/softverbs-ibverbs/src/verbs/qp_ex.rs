@@ -318,7 +318,8 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const 
     // SAFETY: the caller's list of `n` SGEs.
     match unsafe { sges(list, n, max) } {
         // SAFETY: the caller's QP.
-        Ok(s) => unsafe { last(qp, |w| w.payload = Payload::Sges(Cow::Owned(s))) },
+        // The list is the caller's only for this call: the batch keeps a copy.
+        Ok(s) => unsafe { last(qp, |w| w.payload = Payload::Sges(Cow::Owned(s.to_vec()))) },
         Err(_) => {
             // SAFETY: the caller's QP.
             let (_, mut b) = unsafe { batch(qp) };
