@@ -25,15 +25,17 @@ const HEADER: usize = 64;
 const MAGIC: u32 = 0x4b45_5953; // "KEYS"
 /// 2: entries grew the layout fields (`layout_fd`, `layout_gen`, `layout_ino`); 4: the
 /// window fields (`kind`, `bound_qp`, `windows`, `window_of`).
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
 
 /// What an entry is: a memory region, or a memory window of type 1 or 2.
 pub(crate) const KIND_MR: u32 = 0;
 pub(crate) const KIND_MW1: u32 = 1;
 pub(crate) const KIND_MW2: u32 = 2;
 
-/// One registered region, as any process mapping the table sees it.
-#[repr(C)]
+/// One registered region, as any process mapping the table sees it. Entries start on cache
+/// lines of their own: every operation counts itself in `users`, and entries sharing a line
+/// made two QPs on two CPUs, each using its own region, bounce that line on every operation.
+#[repr(C, align(64))]
 pub struct KeyEntry {
     pub(crate) state: AtomicU32,
     pub(crate) users: AtomicU32,
