@@ -20,6 +20,10 @@
 
 use crate::Result;
 use crate::oob::{OobLink, PeerError, PeerFailed, TcpLink, watch_for_failure};
+use crate::perf_rate::{
+    CQ_MOD as RATE_CQ_MOD, MSG_SIZE as RATE_MSG, RX_DEPTH as RATE_RX_DEPTH,
+    TX_DEPTH as RATE_TX_DEPTH,
+};
 use crate::report::{count_arg, cpus, print_report};
 use serde::{Deserialize, Serialize};
 use softverbs::{
@@ -860,19 +864,30 @@ impl Side {
         if signaled {
             self.drain(guard, what)?;
         }
-        let sge = [self.mr.sge(0..LAT_SIZE)];
+        self.post_one(round, op, LAT_SIZE, signaled)
+            .map_err(|e| format!("{what}: posting round {round}: {e}"))?;
+        if signaled {
+            self.signaled += 1;
+        }
+        Ok(())
+    }
+
+    /// Posts one request of `op` with the first `len` bytes of the region as its data.
+    fn post_one(
+        &self,
+        wr_id: u64,
+        op: SendOp,
+        len: usize,
+        signaled: bool,
+    ) -> std::result::Result<(), softverbs::PostError> {
+        let sge = [self.mr.sge(0..len)];
         let flags = if signaled {
             SendFlags::SIGNALED
         } else {
             SendFlags::empty()
         };
         self.qp
-            .post_send([SendWr::new(round, op, &sge).flags(flags)])
-            .map_err(|e| format!("{what}: posting round {round}: {e}"))?;
-        if signaled {
-            self.signaled += 1;
-        }
-        Ok(())
+            .post_send([SendWr::new(wr_id, op, &sge).flags(flags)])
     }
 }
 
@@ -1272,34 +1287,28 @@ impl Report {
             self.cpu_model
         );
         let cl = self.baselines.cacheline_pingpong.as_ref();
-        for (name, fig) in [
-            ("RDMA WRITE", &self.rdma_write_latency),
-            ("SEND", &self.send_latency),
+        // WRITE and SEND are ping-pongs (half a round trip); READ and atomics are timed whole.
+        for (name, fig, how, unit) in [
+            ("RDMA WRITE", &self.rdma_write_latency, "", "round trips"),
+            ("SEND", &self.send_latency, "", "round trips"),
+            (
+                "RDMA READ",
+                &self.read_latency,
+                " post to completion",
+                "operations",
+            ),
+            (
+                "fetch-and-add",
+                &self.fetch_add_latency,
+                " post to completion",
+                "operations",
+            ),
         ] {
             if let Some(f) = fig {
                 let _ = writeln!(
                     t,
-                    "  {name} {} latency: {:.0} ns (cache-line ping-pong {:.0} ns, {:.1}x); \
-                     p99 {:.0} ns, mean {:.0} ns, {} round trips",
-                    size_text(f.size),
-                    f.latency.p50_ns,
-                    f.baseline_ns,
-                    f.ratio,
-                    f.latency.p99_ns,
-                    f.latency.mean_ns,
-                    f.latency.round_trips
-                );
-            }
-        }
-        for (name, fig) in [
-            ("RDMA READ", &self.read_latency),
-            ("fetch-and-add", &self.fetch_add_latency),
-        ] {
-            if let Some(f) = fig {
-                let _ = writeln!(
-                    t,
-                    "  {name} {} latency: {:.0} ns post to completion (cache-line ping-pong \
-                     {:.0} ns, {:.1}x); p99 {:.0} ns, mean {:.0} ns, {} operations",
+                    "  {name} {} latency: {:.0} ns{how} (cache-line ping-pong {:.0} ns, {:.1}x); \
+                     p99 {:.0} ns, mean {:.0} ns, {} {unit}",
                     size_text(f.size),
                     f.latency.p50_ns,
                     f.baseline_ns,
@@ -1683,9 +1692,8 @@ fn measure(
     }
     result?;
 
-    use crate::perf_rate::{MSG_SIZE, fetch_add_op, one_at_a_time, read_op};
-    let ops: [(&str, crate::perf_rate::OpAt); 2] =
-        [("RDMA READ", read_op), ("fetch-and-add", fetch_add_op)];
+    use crate::perf_rate::MSG_SIZE;
+    let ops: [(&str, OpAt); 2] = [("RDMA READ", read_op), ("fetch-and-add", fetch_add_op)];
     for (name, op) in ops {
         watchdog.phase(guard, &format!("{name} latency"));
         let mut side = Side::new(device, MSG_SIZE, LAT_SQ_DEPTH, 1)?;
@@ -1722,7 +1730,7 @@ fn measure_rates(
     watchdog: &Watchdog,
     allowed: &[usize],
 ) -> Result<crate::perf_rate::Rates> {
-    use crate::perf_rate::{MSG_SIZE, RateFigure, Rates, rate, read_op, write_op};
+    use crate::perf_rate::{MSG_SIZE, RateFigure, Rates};
     let messages = plan.messages;
     let mut rates = Rates::default();
 
@@ -1733,7 +1741,9 @@ fn measure_rates(
     }
     send(link, &Msg::RawRing { messages })?;
     expect(link, "ready", |m| (m == Msg::Ready).then_some(m))?;
-    let seconds = crate::perf_rate::raw_ring_producer(words, messages, guard)?;
+    let what = || "raw ring: the peer process stopped consuming".to_string();
+    let wait = |done: &dyn Fn() -> bool| guard.spin(&what, |_| Ok(done().then_some(())));
+    let seconds = crate::perf_rate::raw_ring_producer(words, messages, &wait)?;
     expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
     rates.raw_ring_msgs_per_sec = messages as f64 / seconds.max(1e-9);
     let figure = |op, qps: usize, seconds: f64, raw: f64| {
@@ -1750,7 +1760,7 @@ fn measure_rates(
     };
     let raw = rates.raw_ring_msgs_per_sec;
 
-    let ops: [(&'static str, Test, crate::perf_rate::OpAt); 3] = [
+    let ops: [(&'static str, Test, OpAt); 3] = [
         ("RDMA WRITE", Test::Passive, write_op),
         ("SEND", Test::SendRate, |_| SendOp::Send),
         ("RDMA READ", Test::Passive, read_op),
@@ -1943,6 +1953,138 @@ fn start_rdma(
 }
 
 // ---------------------------------------------------------------------------------------------
+// READ and atomic latency, message rates (see `crate::perf_rate` for what they are).
+
+/// Posts the SEND target's receives, one RATE_MSG slot each.
+pub(crate) fn post_receives(side: &Side) -> Result<()> {
+    for slot in 0..RATE_RX_DEPTH {
+        post_receive(side, slot)?;
+    }
+    Ok(())
+}
+
+fn post_receive(side: &Side, slot: usize) -> Result<()> {
+    let sge = [side.mr.sge(slot * RATE_MSG..(slot + 1) * RATE_MSG)];
+    side.qp
+        .post_recv([RecvWr::new(slot as u64, &sge)])
+        .map_err(|e| format!("SEND rate: posting receive {slot}: {e}").into())
+}
+
+/// The SEND target: takes `rounds` receive completions, reposting each receive.
+pub(crate) fn receive(side: &mut Side, rounds: u64, guard: &Guard) -> Result<()> {
+    let mut got = 0u64;
+    let mut wcs = [WorkCompletion::default(); 32];
+    let what = || "SEND rate: waiting for SENDs".to_string();
+    while got < rounds {
+        let polled = poll_some(&side.recv_cq, &mut wcs, guard, &what)?;
+        for wc in polled {
+            post_receive(side, wc.wr_id() as usize)?;
+        }
+        got += polled.len() as u64;
+    }
+    Ok(())
+}
+
+/// Waits until `cq` gives completions; all of them must be successes.
+fn poll_some<'w>(
+    cq: &softverbs::CompletionQueue,
+    wcs: &'w mut [WorkCompletion],
+    guard: &Guard,
+    what: &dyn Fn() -> String,
+) -> Result<&'w [WorkCompletion]> {
+    let n = guard.spin(what, |_| {
+        let n = cq.poll(wcs);
+        Ok((n > 0).then_some(n))
+    })?;
+    match wcs[..n].iter().find(|wc| !wc.is_ok()) {
+        Some(wc) => Err(format!("{}: completion {wc:?}", what()).into()),
+        None => Ok(&wcs[..n]),
+    }
+}
+
+/// Sends `total` RATE_MSG-byte work requests of `op` from `side`, perftest's way; returns
+/// the seconds from the first post to the last completion.
+pub(crate) fn rate(side: &mut Side, op: SendOp, total: u64, guard: &Guard) -> Result<f64> {
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut wcs = [WorkCompletion::default(); 16];
+    let what = || format!("{op:?} rate: waiting for completions");
+    let t0 = Instant::now();
+    while done < total {
+        while posted < total && posted - done < RATE_TX_DEPTH {
+            let signaled = (posted + 1) % RATE_CQ_MOD == 0 || posted + 1 == total;
+            side.post_one(posted, op, RATE_MSG, signaled)
+                .map_err(|e| format!("{op:?} rate: posting {posted}: {e}"))?;
+            posted += 1;
+        }
+        for wc in poll_some(&side.send_cq, &mut wcs, guard, &what)? {
+            // A signaled completion stands for every request before it.
+            done = done.max(wc.wr_id() + 1);
+        }
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// One READ or fetch-and-add (`op`) at a time, `warmup + iters` of them; the times of the
+/// last `iters`, in ns.
+pub(crate) fn one_at_a_time(
+    side: &mut Side,
+    op: SendOp,
+    warmup: u64,
+    iters: u64,
+    guard: &Guard,
+) -> Result<Latency> {
+    let len = if op.is_atomic() { 8 } else { RATE_MSG };
+    let mut samples = Vec::with_capacity(iters as usize);
+    let mut wc = [WorkCompletion::default()];
+    let what = || format!("{op:?} latency: waiting for the completion");
+    for r in 0..warmup + iters {
+        let t0 = Instant::now();
+        side.post_one(r, op, len, true)
+            .map_err(|e| format!("{op:?} latency: posting {r}: {e}"))?;
+        guard.spin(&what, |_| {
+            Ok((side.send_cq.poll(&mut wc) == 1).then_some(()))
+        })?;
+        let took = t0.elapsed();
+        if !wc[0].is_ok() {
+            return Err(format!("{op:?} latency: completion {:?}", wc[0]).into());
+        }
+        if r >= warmup {
+            samples.push(ns(took));
+        }
+        if r % 256 == 0 {
+            guard.beat();
+        }
+    }
+    Ok(Latency::from_ops(samples, iters))
+}
+
+/// An operation aimed at the peer's region.
+pub(crate) type OpAt = fn(&WireEp) -> SendOp;
+
+/// The operation of each one-sided figure, aimed at the peer's region.
+pub(crate) fn write_op(peer: &WireEp) -> SendOp {
+    SendOp::RdmaWrite {
+        remote_addr: peer.addr,
+        rkey: peer.rkey,
+    }
+}
+
+pub(crate) fn read_op(peer: &WireEp) -> SendOp {
+    SendOp::RdmaRead {
+        remote_addr: peer.addr,
+        rkey: peer.rkey,
+    }
+}
+
+pub(crate) fn fetch_add_op(peer: &WireEp) -> SendOp {
+    SendOp::FetchAdd {
+        remote_addr: peer.addr,
+        rkey: peer.rkey,
+        add: 1,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // B: the peer process.
 
 /// `softverbs perf-peer`: the second process of `perf`, run by it.
@@ -2013,7 +2155,10 @@ fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) 
             }
             Msg::RawRing { messages } => {
                 send(link, &Msg::Ready)?;
-                crate::perf_rate::raw_ring_consumer(page.ring_words(), messages, guard)?;
+                let what = || "raw ring: the peer process stopped producing".to_string();
+                let wait =
+                    |done: &dyn Fn() -> bool| guard.spin(&what, |_| Ok(done().then_some(())));
+                crate::perf_rate::raw_ring_consumer(page.ring_words(), messages, &wait)?;
                 send(link, &Msg::Done)?;
             }
             Msg::Quit => return Ok(()),
@@ -2046,12 +2191,7 @@ pub(crate) fn serve_rdma(
         Test::WriteLat => {
             let mut side = Side::new(device, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1)?.with_route(route);
             side.connect(ep)?;
-            send(
-                link,
-                &Msg::Endpoint {
-                    ep: side.endpoint()?,
-                },
-            )?;
+            tell_endpoint(link, &side)?;
             write_lat(&mut side, ep, &plan, true, guard)?;
             send(link, &Msg::Done)
         }
@@ -2067,68 +2207,57 @@ pub(crate) fn serve_rdma(
             for slot in 0..RX_DEPTH {
                 post_slot(&side, slot)?;
             }
-            send(
-                link,
-                &Msg::Endpoint {
-                    ep: side.endpoint()?,
-                },
-            )?;
+            tell_endpoint(link, &side)?;
             send_lat(&mut side, &plan, true, guard)?;
             send(link, &Msg::Done)
         }
         Test::WriteBw => {
-            let size = usize::try_from(size)
-                .ok()
-                .filter(|&s| s > 0 && s <= 1 << 30)
-                .ok_or_else(|| format!("bad bandwidth size {size}"))?;
-            let side = Side::new(device, size, 1, 1)?.with_route(route);
-            side.connect(ep)?;
-            send(
-                link,
-                &Msg::Endpoint {
-                    ep: side.endpoint()?,
-                },
-            )?;
+            let side = region_side(link, device, route, size, ep)?;
             expect(link, "check", |m| (m == Msg::Check).then_some(m))?;
-            check_bw_target(&side, size)?;
+            check_bw_target(&side, size as usize)?;
             send(link, &Msg::Done)
         }
-        Test::Passive => {
-            let size = usize::try_from(size)
-                .ok()
-                .filter(|&s| s > 0 && s <= 1 << 30)
-                .ok_or_else(|| format!("bad region size {size}"))?;
-            let side = Side::new(device, size, 1, 1)?.with_route(route);
-            side.connect(ep)?;
-            send(
-                link,
-                &Msg::Endpoint {
-                    ep: side.endpoint()?,
-                },
-            )?;
-            return Ok(Some(side));
-        }
+        Test::Passive => return Ok(Some(region_side(link, device, route, size, ep)?)),
         Test::SendRate => {
-            let mut side = Side::new(
-                device,
-                crate::perf_rate::MSG_SIZE * crate::perf_rate::RX_DEPTH,
-                1,
-                crate::perf_rate::RX_DEPTH as u32,
-            )?
-            .with_route(route);
+            let mut side = Side::new(device, RATE_MSG * RATE_RX_DEPTH, 1, RATE_RX_DEPTH as u32)?
+                .with_route(route);
             side.connect(ep)?;
-            crate::perf_rate::post_receives(&side)?;
-            send(
-                link,
-                &Msg::Endpoint {
-                    ep: side.endpoint()?,
-                },
-            )?;
-            crate::perf_rate::receive(&mut side, rounds, guard)?;
+            post_receives(&side)?;
+            tell_endpoint(link, &side)?;
+            receive(&mut side, rounds, guard)?;
             send(link, &Msg::Done)
         }
     }
     .map(|()| None)
+}
+
+/// B → A: B's endpoint (B is connected and its receives are posted).
+fn tell_endpoint(link: &mut TcpLink, side: &Side) -> Result<()> {
+    send(
+        link,
+        &Msg::Endpoint {
+            ep: side.endpoint()?,
+        },
+    )
+}
+
+/// B's side of a test that only needs its region and a connected QP: a region of `size`
+/// bytes (A's word, so checked), connected to A's `ep`, its endpoint sent back.
+fn region_side(
+    link: &mut TcpLink,
+    device: &Device,
+    route: Option<Route>,
+    size: u64,
+    ep: &WireEp,
+) -> Result<Side> {
+    let size = usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0 && s <= 1 << 30)
+        .ok_or_else(|| format!("bad region size {size}"))?;
+    let side = Side::new(device, size, 1, 1)?.with_route(route);
+    side.connect(ep)?;
+    tell_endpoint(link, &side)?;
+    Ok(side)
 }
 
 #[cfg(test)]
@@ -2192,9 +2321,7 @@ mod tests {
     /// this process: each moves what it should.
     #[test]
     fn one_sided_latencies_and_message_rates_move_the_bytes() {
-        use crate::perf_rate::{
-            MSG_SIZE, TX_DEPTH, fetch_add_op, one_at_a_time, rate, read_op, write_op,
-        };
+        use crate::perf_rate::{MSG_SIZE, TX_DEPTH};
         let dev = crate::find_device(None).unwrap();
         let guard = Guard::new();
         let mut a = Side::new(&dev, MSG_SIZE, TX_DEPTH as u32, 1).unwrap();

@@ -1,6 +1,5 @@
-//! `perf`'s message rates and its READ and atomic latencies: the operations the target
-//! process takes no part in (but SEND, whose receives it reposts), measured the way perftest
-//! measures them, beside the limit of this path in the same run.
+//! `perf`'s message rates and their limit: what the figures are, and the raw ring they are
+//! measured against (the RDMA loops themselves are with the other tests, in `perf`).
 //!
 //! **Message rate** (64-byte RDMA WRITE, SEND and READ): as `ib_write_bw -s 64` does by
 //! default, at most [`TX_DEPTH`] work requests outstanding, one in [`CQ_MOD`] signaled; the
@@ -18,11 +17,13 @@
 //! as it is (the WRITE and SEND ping-pongs report half of theirs).
 
 use crate::Result;
-use crate::perf::{Guard, Latency, Side, WireEp};
 use serde::Serialize;
-use softverbs::{RecvWr, SendFlags, SendOp, SendWr, WorkCompletion};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
+
+/// Waits until the condition holds, or fails (the peer process stopped): the caller's
+/// busy-wait, with its timeouts and its watch on the peer.
+pub(crate) type Wait<'a> = &'a dyn Fn(&dyn Fn() -> bool) -> Result<()>;
 
 /// Bytes of each message.
 pub(crate) const MSG_SIZE: usize = 64;
@@ -55,139 +56,6 @@ pub(crate) struct Rates {
     pub(crate) figures: Vec<RateFigure>,
     /// WRITE with one QP per CPU, against CPUs × one QP's WRITE rate.
     pub(crate) per_cpu_scaling: Option<f64>,
-}
-
-/// Posts the SEND target's receives, one MSG_SIZE slot each.
-pub(crate) fn post_receives(side: &Side) -> Result<()> {
-    for slot in 0..RX_DEPTH {
-        post_receive(side, slot)?;
-    }
-    Ok(())
-}
-
-fn post_receive(side: &Side, slot: usize) -> Result<()> {
-    let sge = [side.mr.sge(slot * MSG_SIZE..(slot + 1) * MSG_SIZE)];
-    side.qp
-        .post_recv([RecvWr::new(slot as u64, &sge)])
-        .map_err(|e| format!("SEND rate: posting receive {slot}: {e}").into())
-}
-
-/// The SEND target: takes `rounds` receive completions, reposting each receive.
-pub(crate) fn receive(side: &mut Side, rounds: u64, guard: &Guard) -> Result<()> {
-    let mut got = 0u64;
-    let mut wcs = [WorkCompletion::default(); 32];
-    let what = || "SEND rate: waiting for SENDs".to_string();
-    while got < rounds {
-        let n = guard.spin(&what, |_| {
-            let n = side.recv_cq.poll(&mut wcs);
-            Ok((n > 0).then_some(n))
-        })?;
-        for wc in &wcs[..n] {
-            if !wc.is_ok() {
-                return Err(format!("SEND rate: receive completion {wc:?}").into());
-            }
-            post_receive(side, wc.wr_id() as usize)?;
-        }
-        got += n as u64;
-    }
-    Ok(())
-}
-
-/// Sends `total` MSG_SIZE-byte work requests of `op` from `side`, perftest's way; returns
-/// the seconds from the first post to the last completion.
-pub(crate) fn rate(side: &mut Side, op: SendOp, total: u64, guard: &Guard) -> Result<f64> {
-    let sge = [side.mr.sge(0..MSG_SIZE)];
-    let (mut posted, mut done) = (0u64, 0u64);
-    let mut wcs = [WorkCompletion::default(); 16];
-    let what = || format!("{op:?} rate: waiting for completions");
-    let t0 = Instant::now();
-    while done < total {
-        while posted < total && posted - done < TX_DEPTH {
-            let signaled = (posted + 1) % CQ_MOD == 0 || posted + 1 == total;
-            let flags = if signaled {
-                SendFlags::SIGNALED
-            } else {
-                SendFlags::empty()
-            };
-            side.qp
-                .post_send([SendWr::new(posted, op, &sge).flags(flags)])
-                .map_err(|e| format!("{op:?} rate: posting {posted}: {e}"))?;
-            posted += 1;
-        }
-        let n = guard.spin(&what, |_| {
-            let n = side.send_cq.poll(&mut wcs);
-            Ok((n > 0).then_some(n))
-        })?;
-        for wc in &wcs[..n] {
-            if !wc.is_ok() {
-                return Err(format!("{op:?} rate: completion {wc:?}").into());
-            }
-            // A signaled completion stands for every request before it.
-            done = done.max(wc.wr_id() + 1);
-        }
-    }
-    Ok(t0.elapsed().as_secs_f64())
-}
-
-/// One READ or fetch-and-add (`op`) at a time, `warmup + iters` of them; the times of the
-/// last `iters`, in ns.
-pub(crate) fn one_at_a_time(
-    side: &mut Side,
-    op: SendOp,
-    warmup: u64,
-    iters: u64,
-    guard: &Guard,
-) -> Result<Latency> {
-    let sge = [side.mr.sge(0..if op.is_atomic() { 8 } else { MSG_SIZE })];
-    let mut samples = Vec::with_capacity(iters as usize);
-    let mut wc = [WorkCompletion::default()];
-    let what = || format!("{op:?} latency: waiting for the completion");
-    for r in 0..warmup + iters {
-        let t0 = Instant::now();
-        side.qp
-            .post_send([SendWr::new(r, op, &sge).flags(SendFlags::SIGNALED)])
-            .map_err(|e| format!("{op:?} latency: posting {r}: {e}"))?;
-        guard.spin(&what, |_| {
-            Ok((side.send_cq.poll(&mut wc) == 1).then_some(()))
-        })?;
-        let took = t0.elapsed();
-        if !wc[0].is_ok() {
-            return Err(format!("{op:?} latency: completion {:?}", wc[0]).into());
-        }
-        if r >= warmup {
-            samples.push(crate::perf::ns(took));
-        }
-        if r % 256 == 0 {
-            guard.beat();
-        }
-    }
-    Ok(Latency::from_ops(samples, iters))
-}
-
-/// An operation aimed at the peer's region.
-pub(crate) type OpAt = fn(&WireEp) -> SendOp;
-
-/// The operation of each one-sided figure, aimed at the peer's region.
-pub(crate) fn write_op(peer: &WireEp) -> SendOp {
-    SendOp::RdmaWrite {
-        remote_addr: peer.addr,
-        rkey: peer.rkey,
-    }
-}
-
-pub(crate) fn read_op(peer: &WireEp) -> SendOp {
-    SendOp::RdmaRead {
-        remote_addr: peer.addr,
-        rkey: peer.rkey,
-    }
-}
-
-pub(crate) fn fetch_add_op(peer: &WireEp) -> SendOp {
-    SendOp::FetchAdd {
-        remote_addr: peer.addr,
-        rkey: peer.rkey,
-        add: 1,
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -233,17 +101,14 @@ impl<'a> RawRing<'a> {
 /// The initiator's side of the raw ring: `messages` descriptors with their payloads; returns
 /// the seconds from the first to the last completion word. `words` was zeroed by the caller
 /// before the consumer started.
-pub(crate) fn raw_ring_producer(words: &[AtomicU64], messages: u64, guard: &Guard) -> Result<f64> {
+pub(crate) fn raw_ring_producer(words: &[AtomicU64], messages: u64, wait: Wait<'_>) -> Result<f64> {
     let ring = RawRing::new(words);
-    let what = || "raw ring: the peer process stopped consuming".to_string();
     let t0 = Instant::now();
     for seq in 0..messages {
         if seq >= TX_DEPTH {
             let need = seq + 1 - TX_DEPTH;
             if ring.completed().load(Ordering::Acquire) < need {
-                guard.spin(&what, |_| {
-                    Ok((ring.completed().load(Ordering::Acquire) >= need).then_some(()))
-                })?;
+                wait(&|| ring.completed().load(Ordering::Acquire) >= need)?;
             }
         }
         let slot = (seq % TX_DEPTH) as usize;
@@ -256,25 +121,22 @@ pub(crate) fn raw_ring_producer(words: &[AtomicU64], messages: u64, guard: &Guar
         d[3].store(MSG_SIZE as u64, Ordering::Relaxed); // length
         d[0].store(seq + 1, Ordering::Release); // valid
     }
-    guard.spin(&what, |_| {
-        Ok((ring.completed().load(Ordering::Acquire) >= messages).then_some(()))
-    })?;
+    wait(&|| ring.completed().load(Ordering::Acquire) >= messages)?;
     Ok(t0.elapsed().as_secs_f64())
 }
 
 /// The target's side of the raw ring: consumes `messages` descriptors, copying each payload
 /// into its own buffer, and writes the completion word every CQ_MOD messages and at the end;
 /// checks every payload it copied.
-pub(crate) fn raw_ring_consumer(words: &[AtomicU64], messages: u64, guard: &Guard) -> Result<()> {
+pub(crate) fn raw_ring_consumer(words: &[AtomicU64], messages: u64, wait: Wait<'_>) -> Result<()> {
     let ring = RawRing::new(words);
     let mut buf = vec![0u64; RING * WORDS];
-    let what = || "raw ring: the peer process stopped producing".to_string();
     for seq in 0..messages {
         let slot = (seq % TX_DEPTH) as usize;
         let d = ring.descriptor(slot);
-        guard.spin(&what, |_| {
-            Ok((d[0].load(Ordering::Acquire) == seq + 1).then_some(()))
-        })?;
+        if d[0].load(Ordering::Acquire) != seq + 1 {
+            wait(&|| d[0].load(Ordering::Acquire) == seq + 1)?;
+        }
         let at = d[2].load(Ordering::Relaxed) as usize / 8;
         let len = d[3].load(Ordering::Relaxed) as usize / 8;
         let dst = buf
@@ -329,11 +191,16 @@ mod tests {
     #[test]
     fn the_raw_ring_carries_every_message_between_two_threads() {
         let words: Vec<AtomicU64> = (0..RING_WORDS).map(|_| AtomicU64::new(0)).collect();
-        let guard = Guard::new();
+        let spin = |done: &dyn Fn() -> bool| {
+            while !done() {
+                std::thread::yield_now();
+            }
+            Ok(())
+        };
         let n = 10_000;
         std::thread::scope(|s| {
-            s.spawn(|| raw_ring_consumer(&words, n, &guard).unwrap());
-            assert!(raw_ring_producer(&words, n, &guard).unwrap() > 0.0);
+            s.spawn(|| raw_ring_consumer(&words, n, &spin).unwrap());
+            assert!(raw_ring_producer(&words, n, &spin).unwrap() > 0.0);
         });
         assert_eq!(
             words[0].load(Ordering::Acquire),
