@@ -324,16 +324,21 @@ pub(crate) struct Guard {
 }
 
 impl Guard {
+    /// A guard for a process that may run on any of its CPUs: waits spin when there are
+    /// several (the peer runs meanwhile elsewhere), and yield at once on one.
     pub(crate) fn new() -> Guard {
-        let cpus = cpus();
+        Guard::spinning(cpus() > 1)
+    }
+
+    /// A guard whose waits spin (`spin`: the peer has a CPU of its own, as when the two
+    /// processes are pinned to two CPUs) or yield at once (the peer needs this CPU). The
+    /// choice is made before pinning: a pinned process sees one CPU, and a guard that yielded
+    /// on every look made each wait a system call (it doubled `perf`'s WRITE latency).
+    pub(crate) fn spinning(spin: bool) -> Guard {
         Guard {
             abort: AtomicBool::new(false),
             beats: AtomicU64::new(0),
-            pure_spins: if cpus > 1 {
-                PURE_SPINS
-            } else {
-                PURE_SPINS_ONE_CPU
-            },
+            pure_spins: if spin { PURE_SPINS } else { PURE_SPINS_ONE_CPU },
         }
     }
 
@@ -1511,7 +1516,7 @@ pub fn run(args: &Args) -> Result<()> {
     let port = listener.local_addr()?.port();
     let mut peer = spawn_peer(port, &page_file, args.device.as_deref(), pair[1])?;
     report.pids = [std::process::id(), peer.pid()];
-    let guard = Arc::new(Guard::new());
+    let guard = Arc::new(Guard::spinning(pair[0] != pair[1]));
     let watchdog = Watchdog::start(guard.clone(), peer.pid());
 
     let result = TcpLink::accept(&listener, START_TIMEOUT, LINK_TIMEOUT, || {
@@ -2095,6 +2100,8 @@ pub fn run_peer(args: &PeerArgs) -> Result<()> {
     if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(args.parent) {
         return Err("perf-peer is run by `softverbs perf`, and its parent is gone".into());
     }
+    // Counted before pinning (see `Guard::spinning`).
+    let spin = cpus() > 1;
     if let Some(cpu) = args.cpu {
         crate::report::pin_to(cpu)?;
     }
@@ -2107,7 +2114,7 @@ pub fn run_peer(args: &PeerArgs) -> Result<()> {
         .map_err(|e| format!("opening the shared page (fd {}): {e}", args.shm_fd))?;
     let page = SharedPage::map(&file)?;
     let mut link = TcpLink::connect("127.0.0.1", args.port, START_TIMEOUT, LINK_TIMEOUT)?;
-    let guard = Guard::new();
+    let guard = Guard::spinning(spin);
     let watch = link.stream_clone()?;
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
