@@ -107,18 +107,20 @@ fn block_name(gid: Gid, block: u32) -> String {
 /// Claims `block` of the device with `gid` for this process; `None` if another process has
 /// it.
 pub(crate) fn claim(gid: Gid, block: u32) -> Result<Option<BlockClaim>> {
-    let table = Arc::new(Segment::create("softverbs-qp-table", TABLE_BYTES)?);
     let base = block_name(gid, block);
+    // The name first: a process meets many blocks other processes hold, and a table made
+    // for each would only wait out its quarantine.
     let lock = match bind_abstract(&base) {
         Ok(Some(l)) => l,
         Ok(None) => return Ok(None),
         Err(_) => {
             return Ok(Some(BlockClaim {
-                table,
+                table: Arc::new(Segment::create("softverbs-qp-table", TABLE_BYTES)?),
                 _names: None,
             }));
         }
     };
+    let table = Arc::new(Segment::create("softverbs-qp-table", TABLE_BYTES)?);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&table.fd());
     let info = format!(
         "{base}/{}/{fd}/{}/{:x}",
