@@ -9,6 +9,7 @@ mod nic;
 mod oob;
 mod perf;
 mod perf_cq;
+mod perf_fan;
 mod perf_net;
 mod perf_noncontig;
 mod perf_objects;

@@ -172,6 +172,8 @@ pub(crate) struct Plan {
     pub(crate) bw_total: u64,
     /// Messages per message-rate figure.
     pub(crate) messages: u64,
+    /// QP counts of the round-robin rate.
+    pub(crate) fan_counts: &'static [usize],
 }
 
 impl Plan {
@@ -196,6 +198,11 @@ impl Plan {
                 crate::perf_rate::QUICK_MESSAGES
             } else {
                 crate::perf_rate::MESSAGES
+            },
+            fan_counts: if quick {
+                &crate::perf_fan::QUICK_COUNTS
+            } else {
+                &crate::perf_fan::COUNTS
             },
         })
     }
@@ -266,6 +273,16 @@ pub(crate) enum Msg {
     Check,
     /// A → B: consume `messages` descriptors of the raw shared-memory ring.
     RawRing { messages: u64 },
+    /// A → B: make `ep.qps` QPs for `per_qp` round-robin WRITEs each and connect them to
+    /// A's (whose numbers follow in `qpns` messages); answered by `fan_endpoint`.
+    Fan {
+        ep: crate::perf_fan::FanEp,
+        per_qp: u64,
+    },
+    /// B → A: B's fan is connected; its QP numbers follow in `qpns` messages.
+    FanEndpoint { ep: crate::perf_fan::FanEp },
+    /// Either way: the next QP numbers of a fan.
+    Qpns { qpns: Vec<u32> },
     /// B → A: the test is over on this side.
     Done,
     /// A → B: exit.
@@ -1823,7 +1840,98 @@ fn measure_rates(
         rates.per_cpu_scaling = Some(f.msgs_per_sec / (one * sides.len() as f64).max(1e-9));
         rates.figures.push(f);
     }
+
+    let max_qp = device.open()?.query_device().max_qp as usize;
+    for &qps in plan.fan_counts.iter().filter(|&&n| n <= max_qp) {
+        watchdog.phase(guard, &format!("RDMA WRITE round robin over {qps} QPs"));
+        let per_qp = crate::perf_fan::per_qp(messages, qps);
+        let seconds = round_robin(link, device, qps, per_qp, guard)?;
+        let total = per_qp * qps as u64;
+        let msgs_per_sec = total as f64 / seconds.max(1e-9);
+        let one = rates
+            .round_robin
+            .first()
+            .map_or(msgs_per_sec, |f| f.msgs_per_sec);
+        rates.round_robin.push(crate::perf_rate::FanFigure {
+            qps,
+            messages: total,
+            seconds,
+            msgs_per_sec,
+            ratio_to_one_qp: msgs_per_sec / one.max(1e-9),
+        });
+    }
     Ok(rates)
+}
+
+/// A's half of one round-robin rate (see [`crate::perf_fan`]): `qps` QPs here connected to
+/// as many in B, `per_qp` WRITEs through each, B's check of its slots; the seconds.
+fn round_robin(
+    link: &mut TcpLink,
+    device: &Device,
+    qps: usize,
+    per_qp: u64,
+    guard: &Guard,
+) -> Result<f64> {
+    let beat = || guard.beat();
+    let fan = crate::perf_fan::Fan::new(device, qps, per_qp, &beat)?;
+    fan.fill()?;
+    send(
+        link,
+        &Msg::Fan {
+            ep: fan.endpoint()?,
+            per_qp,
+        },
+    )?;
+    send_qpns(link, &fan.qpns())?;
+    let Msg::FanEndpoint { ep } = expect(link, "fan_endpoint", |m| {
+        matches!(m, Msg::FanEndpoint { .. }).then_some(m)
+    })?
+    else {
+        unreachable!("checked by expect")
+    };
+    let theirs = recv_qpns(link, ep.qps as usize)?;
+    fan.connect(&ep, &theirs, &beat)?;
+    let what = || format!("round robin over {qps} QPs: waiting for completions");
+    let wait = |done: &dyn Fn() -> bool| guard.spin(&what, |_| Ok(done().then_some(())));
+    let seconds = fan.round_robin(&ep, per_qp, &wait)?;
+    send(link, &Msg::Check)?;
+    expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+    Ok(seconds)
+}
+
+/// Sends a fan's QP numbers, as many messages as they need.
+fn send_qpns(link: &mut TcpLink, qpns: &[u32]) -> Result<()> {
+    for chunk in qpns.chunks(crate::perf_fan::QPNS_PER_MESSAGE) {
+        send(
+            link,
+            &Msg::Qpns {
+                qpns: chunk.to_vec(),
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Receives `count` QP numbers of the peer's fan.
+fn recv_qpns(link: &mut TcpLink, count: usize) -> Result<Vec<u32>> {
+    let mut all = Vec::new();
+    while all.len() < count {
+        let Msg::Qpns { qpns } =
+            expect(link, "qpns", |m| matches!(m, Msg::Qpns { .. }).then_some(m))?
+        else {
+            unreachable!("checked by expect")
+        };
+        if qpns.is_empty() || all.len() + qpns.len() > count {
+            return Err(format!(
+                "the peer sent {} QP numbers after {}, of {count}",
+                qpns.len(),
+                all.len()
+            )
+            .into());
+        }
+        all.extend(qpns);
+    }
+    Ok(all)
 }
 
 /// One RDMA WRITE bandwidth run.
@@ -2135,6 +2243,7 @@ pub fn run_peer(args: &PeerArgs) -> Result<()> {
 fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) -> Result<()> {
     // Passive sides A set up and has not finished with (`check` ends them).
     let mut held: Vec<Side> = Vec::new();
+    let mut held_fan: Option<crate::perf_fan::Fan> = None;
     loop {
         match recv(link)? {
             Msg::Hello { .. } => send(
@@ -2158,7 +2267,24 @@ fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) 
             )?),
             Msg::Check => {
                 held.clear();
+                if let Some(fan) = held_fan.take() {
+                    fan.check()?;
+                }
                 send(link, &Msg::Done)?;
+            }
+            Msg::Fan { ep, per_qp } => {
+                let theirs = recv_qpns(link, ep.qps as usize)?;
+                let beat = || guard.beat();
+                let fan = crate::perf_fan::Fan::new(device, ep.qps as usize, per_qp, &beat)?;
+                fan.connect(&ep, &theirs, &beat)?;
+                send(
+                    link,
+                    &Msg::FanEndpoint {
+                        ep: fan.endpoint()?,
+                    },
+                )?;
+                send_qpns(link, &fan.qpns())?;
+                held_fan = Some(fan);
             }
             Msg::RawRing { messages } => {
                 send(link, &Msg::Ready)?;
@@ -2193,6 +2319,7 @@ pub(crate) fn serve_rdma(
         warmup: 0,
         bw_total: 0,
         messages: 0,
+        fan_counts: &[],
     };
     match test {
         Test::WriteLat => {
@@ -2366,6 +2493,7 @@ mod tests {
             warmup: 10,
             bw_total: 4 << 20,
             messages: 0,
+            fan_counts: &[],
         };
         let guard = Guard::new();
         let total = plan.warmup + plan.iters;
@@ -2374,6 +2502,7 @@ mod tests {
             warmup: 0,
             bw_total: 0,
             messages: 0,
+            fan_counts: &[],
         };
         // RDMA WRITE latency.
         let mut a = Side::new(&dev, 2 * LAT_SIZE, LAT_SQ_DEPTH, 1).unwrap();

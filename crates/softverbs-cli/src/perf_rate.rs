@@ -49,6 +49,17 @@ pub(crate) struct RateFigure {
     pub(crate) ratio_to_raw_ring: f64,
 }
 
+/// One round-robin rate figure (see [`crate::perf_fan`]).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FanFigure {
+    pub(crate) qps: usize,
+    pub(crate) messages: u64,
+    pub(crate) seconds: f64,
+    pub(crate) msgs_per_sec: f64,
+    /// msgs_per_sec / the same loop's over one QP.
+    pub(crate) ratio_to_one_qp: f64,
+}
+
 /// The rates of a run and their limit.
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct Rates {
@@ -56,6 +67,8 @@ pub(crate) struct Rates {
     pub(crate) figures: Vec<RateFigure>,
     /// WRITE with one QP per CPU, against CPUs × one QP's WRITE rate.
     pub(crate) per_cpu_scaling: Option<f64>,
+    /// WRITE round robin over 1, 64, ... QPs, each against the one-QP run of the same loop.
+    pub(crate) round_robin: Vec<FanFigure>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -178,6 +191,19 @@ impl Rates {
             let _ = writeln!(
                 t,
                 "  RDMA WRITE with one QP per CPU: {s:.2}x of CPUs x one QP's rate"
+            );
+        }
+        for f in &self.round_robin {
+            let _ = writeln!(
+                t,
+                "  RDMA WRITE 64 B round robin over {} QP{}: {:.2} M msg/s ({:.2}x of one QP's); \
+                 {} messages in {:.3} s",
+                f.qps,
+                if f.qps == 1 { "" } else { "s" },
+                f.msgs_per_sec / 1e6,
+                f.ratio_to_one_qp,
+                f.messages,
+                f.seconds
             );
         }
         t

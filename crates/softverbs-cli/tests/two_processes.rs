@@ -242,6 +242,27 @@ fn perf_quick_measures_rdma_between_two_processes() {
     let sizes: Vec<u64> = bw.iter().map(|f| f["size"].as_u64().unwrap()).collect();
     assert_eq!(sizes, [65536, 1 << 20], "{v}");
     assert!(bw.iter().all(|f| f["gb_s"].as_f64().unwrap() > 0.0), "{v}");
+    // Message rates beside the raw ring, and round robin over 1 and 64 QPs (each QP's
+    // WRITEs checked by the peer, else the run fails) against the one-QP run.
+    let rates = &v["message_rates"];
+    assert!(
+        rates["raw_ring_msgs_per_sec"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    let ops: Vec<&str> = rates["figures"].as_array().unwrap()[..3]
+        .iter()
+        .map(|f| f["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops, ["RDMA WRITE", "SEND", "RDMA READ"], "{v}");
+    let fan = rates["round_robin"].as_array().unwrap();
+    let counts: Vec<u64> = fan.iter().map(|f| f["qps"].as_u64().unwrap()).collect();
+    assert_eq!(counts, [1, 64], "{v}");
+    assert_eq!(fan[0]["ratio_to_one_qp"].as_f64(), Some(1.0), "{v}");
+    assert!(
+        fan.iter()
+            .all(|f| f["messages"].as_u64().unwrap() >= 100 * f["qps"].as_u64().unwrap()),
+        "{v}"
+    );
     // The text form says the same, with each figure's baseline and ratio.
     let child = command(&["perf", "--quick"]).spawn().unwrap();
     let o = finish(child, None, "perf --quick");
@@ -250,7 +271,9 @@ fn perf_quick_measures_rdma_between_two_processes() {
         o.stdout.contains("RDMA WRITE 64 B latency: ")
             && o.stdout.contains("(cache-line ping-pong ")
             && o.stdout.contains("RDMA WRITE 1 MiB bandwidth: ")
-            && o.stdout.contains("(memcpy "),
+            && o.stdout.contains("(memcpy ")
+            && o.stdout
+                .contains("RDMA WRITE 64 B round robin over 64 QPs: "),
         "{}",
         o.stdout
     );

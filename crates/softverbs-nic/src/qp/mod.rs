@@ -169,6 +169,11 @@ impl Qp {
             std::mem::size_of::<QpCtx>(),
         )?);
         let (qpn, listing) = dev.alloc_qpn(&ctx)?;
+        // Until the QP exists, a failure gives its number back (its block may go with it).
+        let number = NumberGuard {
+            dev: &dev,
+            qpn: Some(qpn),
+        };
         let c: &QpCtx = ctx.at(0);
         let recv_pd = init.srq.as_ref().map_or(pd.id, |s| s.pd);
         c.init(qpn, init.qp_type, pd.id, recv_pd);
@@ -240,6 +245,7 @@ impl Qp {
             import: pd.import.clone(),
             _count: count,
         });
+        number.keep();
         dev.register_qp(qpn, Arc::downgrade(&qp) as Weak<_>);
         if let Some(o) = &qp.offload {
             o.bind(Arc::downgrade(&qp));
@@ -636,6 +642,27 @@ impl Timer for Qp {
             self.flush(&mut st);
         }
         self.drive(&mut st);
+    }
+}
+
+/// A QP number allocated for a QP still being created: freed if creation fails.
+struct NumberGuard<'d> {
+    dev: &'d Device,
+    qpn: Option<u32>,
+}
+
+impl NumberGuard<'_> {
+    /// The QP exists: it frees the number when it goes.
+    fn keep(mut self) {
+        self.qpn = None;
+    }
+}
+
+impl Drop for NumberGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(qpn) = self.qpn {
+            self.dev.unregister_qp(qpn);
+        }
     }
 }
 

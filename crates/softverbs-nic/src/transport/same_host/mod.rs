@@ -8,6 +8,7 @@
 //! bytes land. Bytes of a peer's plain (not `memfd`) memory are reached by cross-memory
 //! attach (the spans [`RemoteQp`] places carry the owner's pid).
 
+mod owner;
 pub(crate) mod peers;
 pub(crate) mod remote;
 

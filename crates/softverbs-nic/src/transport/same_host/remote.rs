@@ -5,6 +5,7 @@
 //! through `/proc/<pid>/fd/<n>`, and from then on acts on the target's device memory directly:
 //! the target runs no code for it.
 
+use super::owner::Owner;
 use crate::cq::{Cqe, Pushed, W_ID, W_MOVED, push_ring};
 use crate::device::directory::lookup;
 use crate::device::event::{AsyncEvent, EventElement, post_event};
@@ -24,7 +25,7 @@ use crate::types::{
 };
 use rustix::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// The owner's CQ ring a remote QP completes into, and the ring it moved to when the owner
@@ -61,7 +62,7 @@ const MAX_CQ_MOVES: usize = 8;
 
 /// A QP of another process, mapped into this one.
 pub(crate) struct RemoteQp {
-    pid: u32,
+    owner: Arc<Owner>,
     ctx: Segment,
     /// The directory table the QP was found in, kept mapped for the next lookups.
     _listed_in: Arc<Segment>,
@@ -79,22 +80,10 @@ pub(crate) struct RemoteQp {
     gid: Gid,
     /// Where the bytes of the regions its key table names are (each region's owner's).
     memory: PeerMemory,
-    /// When the owner was last seen alive, on the coarse monotonic clock (ns).
-    checked: AtomicU64,
+    /// Set once the QP or its owner is found gone.
     dead: AtomicBool,
     clock: crate::clock::Clock,
 }
-
-/// The coarse monotonic clock in ns: read from memory the kernel updates every tick, where
-/// the precise one costs a clock read on every operation (this is asked on each).
-fn coarse_now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
-
-/// How often a requester checks that a peer process is still alive (at most; the coarse
-/// clock ticks every few milliseconds).
-const LIVENESS_INTERVAL: Duration = Duration::from_millis(1);
 
 impl RemoteQp {
     /// Finds and maps QP `qpn` of the device with `gid`, if another process on this host
@@ -142,7 +131,7 @@ impl RemoteQp {
         let chan = c.chan.open_bell(pid)?;
         let srq = c.srq.load(Ordering::Acquire);
         Ok(RemoteQp {
-            pid,
+            owner: Owner::of(pid),
             qpn,
             qp_type,
             rq,
@@ -155,7 +144,6 @@ impl RemoteQp {
             events_bell,
             gid,
             memory: PeerMemory::default(),
-            checked: AtomicU64::new(coarse_now_ns()),
             dead: AtomicBool::new(false),
             clock,
             ctx,
@@ -167,7 +155,7 @@ impl RemoteQp {
         self.ctx.at(0)
     }
 
-    /// False once the owner is gone (checked at most every millisecond) or the QP destroyed.
+    /// False once the owner is gone (see [`Owner`]) or the QP destroyed.
     pub(super) fn alive(&self) -> bool {
         if self.dead.load(Ordering::Relaxed) {
             return false;
@@ -176,21 +164,9 @@ impl RemoteQp {
             self.dead.store(true, Ordering::Relaxed);
             return false;
         }
-        let now = coarse_now_ns();
-        let last = self.checked.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= LIVENESS_INTERVAL.as_nanos() as u64
-            && self
-                .checked
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let pid = rustix::process::Pid::from_raw(self.pid as i32);
-            let alive = pid.is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
-                && std::fs::metadata(format!("/proc/{}/fd", self.pid)).is_ok();
-            if !alive {
-                self.dead.store(true, Ordering::Relaxed);
-                return false;
-            }
+        if !self.owner.alive() {
+            self.dead.store(true, Ordering::Relaxed);
+            return false;
         }
         true
     }
@@ -205,7 +181,7 @@ impl RemoteQp {
 
     /// The owner's pid.
     pub(crate) fn pid(&self) -> u32 {
-        self.pid
+        self.owner.pid()
     }
 
     /// The QP's send ring (networked QPs), mapped here.
@@ -213,7 +189,7 @@ impl RemoteQp {
         let seg = self
             .ctx()
             .sq
-            .open_segment(self.pid)?
+            .open_segment(self.owner.pid())?
             .ok_or_else(|| Error::InvalidArgument("peer QP context: no send ring".into()))?;
         Ring::open(seg)
     }
@@ -238,7 +214,7 @@ impl RemoteQp {
             if link.next.get().is_none() {
                 // The owner named the new ring in the QP context before flagging the old one.
                 let opened = export(self.ctx())
-                    .open_segment(self.pid)
+                    .open_segment(self.owner.pid())
                     .and_then(|s| s.ok_or_else(|| Error::InvalidArgument("no CQ".into())))
                     .and_then(open_cq_ring);
                 match opened {
@@ -267,14 +243,14 @@ impl RemoteQp {
             let c = self.ctx();
             let ring = c
                 .send_cq
-                .open_segment(self.pid)
+                .open_segment(self.owner.pid())
                 .ok()
                 .flatten()
                 .map(open_cq_ring);
             match ring {
                 Some(Ok(r)) => Some((
                     CqLink::new(r),
-                    c.send_chan.open_bell(self.pid).ok().flatten(),
+                    c.send_chan.open_bell(self.owner.pid()).ok().flatten(),
                 )),
                 Some(Err(e)) => {
                     report_once(&e);
