@@ -211,7 +211,9 @@ impl Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        if let (Some(key), Some(u)) = (self.watch, Undertaker::get()) {
+        if let Some(key) = self.watch
+            && let Some(u) = Undertaker::get()
+        {
             // Closing the pidfd takes it out of the epoll set.
             let fd = u.lock().remove(&key);
             drop(fd);
