@@ -363,6 +363,12 @@ impl Guard {
         self.beats.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Waits until `done` holds: the [`crate::perf_rate::Wait`] the loops outside this
+    /// module are given.
+    pub(crate) fn until(&self, what: &dyn Fn() -> String, done: &dyn Fn() -> bool) -> Result<()> {
+        self.spin(what, |_| Ok(done().then_some(())))
+    }
+
     /// Calls `attempt(slow)` until it yields a value. The first spins are tight; after that
     /// the wait yields the CPU now and then (the peer may share this CPU), `slow` is true
     /// every few hundred calls (for costlier checks, such as polling for error completions),
@@ -1764,7 +1770,7 @@ fn measure_rates(
     send(link, &Msg::RawRing { messages })?;
     expect(link, "ready", |m| (m == Msg::Ready).then_some(m))?;
     let what = || "raw ring: the peer process stopped consuming".to_string();
-    let wait = |done: &dyn Fn() -> bool| guard.spin(&what, |_| Ok(done().then_some(())));
+    let wait = |done: &dyn Fn() -> bool| guard.until(&what, done);
     let seconds = crate::perf_rate::raw_ring_producer(words, messages, &wait)?;
     expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
     rates.raw_ring_msgs_per_sec = messages as f64 / seconds.max(1e-9);
@@ -1892,7 +1898,7 @@ fn round_robin(
     let theirs = recv_qpns(link, ep.qps as usize)?;
     fan.connect(&ep, &theirs, &beat)?;
     let what = || format!("round robin over {qps} QPs: waiting for completions");
-    let wait = |done: &dyn Fn() -> bool| guard.spin(&what, |_| Ok(done().then_some(())));
+    let wait = |done: &dyn Fn() -> bool| guard.until(&what, done);
     let seconds = fan.round_robin(&ep, per_qp, &wait)?;
     send(link, &Msg::Check)?;
     expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
@@ -2289,8 +2295,7 @@ fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) 
             Msg::RawRing { messages } => {
                 send(link, &Msg::Ready)?;
                 let what = || "raw ring: the peer process stopped producing".to_string();
-                let wait =
-                    |done: &dyn Fn() -> bool| guard.spin(&what, |_| Ok(done().then_some(())));
+                let wait = |done: &dyn Fn() -> bool| guard.until(&what, done);
                 crate::perf_rate::raw_ring_consumer(page.ring_words(), messages, &wait)?;
                 send(link, &Msg::Done)?;
             }
