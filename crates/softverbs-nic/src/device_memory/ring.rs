@@ -244,7 +244,7 @@ impl Ring {
     /// appended to `items`.
     pub fn pop_slice<H: SlotPayload, T: SlotPayload>(
         &self,
-        items: &mut Vec<T>,
+        items: &mut impl Extend<T>,
         count: impl Fn(&H) -> usize,
     ) -> Option<H> {
         let hsize = std::mem::size_of::<H>().next_multiple_of(8);

@@ -1,9 +1,9 @@
 //! The memory-key table: one entry per registered memory region, in a shared segment.
 //!
 //! A key is `index << 8 | generation`, so a stale key (the slot was reused) never matches.
-//! Readers pin an entry (count themselves in `users`) before touching its memory, and
-//! deregistration waits until no one is pinned, so the bytes behind a key stay valid for the
-//! whole access even if the owner deregisters concurrently.
+//! Readers pin an entry (count themselves in one of its two pin counts) before touching its
+//! memory, and deregistration waits until no one is pinned, so the bytes behind a key stay
+//! valid for the whole access even if the owner deregisters concurrently.
 //!
 //! Memory windows live in the same table (see [`crate::mr::window`]): an entry of kind
 //! window carries a copy of the range of the region it is bound to, so a pin reads one entry
@@ -24,59 +24,104 @@ pub(crate) const CHANGING: u32 = 3;
 const HEADER: usize = 64;
 const MAGIC: u32 = 0x4b45_5953; // "KEYS"
 /// 2: entries grew the layout fields (`layout_fd`, `layout_gen`, `layout_ino`); 4: the
-/// window fields (`kind`, `bound_qp`, `windows`, `window_of`).
-const VERSION: u32 = 5;
+/// window fields (`kind`, `bound_qp`, `windows`, `window_of`); 6: two pin counts, each on a
+/// line of its own.
+const VERSION: u32 = 6;
 
 /// What an entry is: a memory region, or a memory window of type 1 or 2.
 pub(crate) const KIND_MR: u32 = 0;
 pub(crate) const KIND_MW1: u32 = 1;
 pub(crate) const KIND_MW2: u32 = 2;
 
-/// One registered region, as any process mapping the table sees it. Entries start on cache
-/// lines of their own: every operation counts itself in `users`, and entries sharing a line
-/// made two QPs on two CPUs, each using its own region, bounce that line on every operation.
+/// One registered region, as any process mapping the table sees it: three cache lines, laid
+/// out by who reads and writes them on the data path. Entries start on lines of their own:
+/// entries sharing a line made two QPs on two CPUs, each using its own region, bounce that
+/// line on every operation. And a pin count is never on a line the other side reads: with one
+/// count beside the fields, a ping-pong over one region (each side writing the other's half,
+/// as `ib_write_lat` does) moved the entry between the two processes twice a message, once
+/// for the owner's own (local) pin and once for the peer's (remote) one.
+///
+/// - line 0: what every pin checks (read by all, written at registration only);
+/// - line 1: what only peers read on the data path (where to map the bytes), their pin
+///   count, and fields read off the data path (window and layout bookkeeping);
+/// - line 2: the pin count of the table's owner.
 #[repr(C, align(64))]
 pub struct KeyEntry {
+    // Line 0.
     pub(crate) state: AtomicU32,
-    pub(crate) users: AtomicU32,
     pub(crate) key: AtomicU32,
+    /// [`KIND_MR`], [`KIND_MW1`] or [`KIND_MW2`].
+    pub(crate) kind: AtomicU32,
     pub(crate) pd: AtomicU32,
     pub(crate) access: AtomicU32,
+    /// Non-zero when the region is a layout: the generation of the published layout, bumped
+    /// (to a process-unique value) every time the owner sets a new one, so peers can cache
+    /// the decoded form keyed by (owner pid, key, generation, inode).
+    pub(crate) layout_gen: AtomicU32,
+    /// How peers place data into the region ([`Placement`] as a number; 0 is strict, so a
+    /// table written before this field existed reads as all-strict).
+    pub(crate) placement: AtomicU32,
+    /// Where a peer process can map the bytes: the owner's `memfd` descriptor + 1 (0: the
+    /// bytes are in plain process memory); its inode and the offset of `addr` in it are on
+    /// line 1.
+    pub(crate) mem_fd: AtomicU32,
     pub(crate) owner_pid: AtomicU32,
+    pub(crate) _spare: AtomicU32,
     /// Address of the first byte in the owner's address space.
     pub(crate) addr: AtomicU64,
     pub(crate) length: AtomicU64,
     /// IOVA of the first byte (0 for zero-based regions).
     pub(crate) iova: AtomicU64,
-    /// Where a peer process can map the bytes: the owner's `memfd` descriptor + 1 (0: the
-    /// bytes are in plain process memory), its inode, and the offset of `addr` in it.
-    pub(crate) mem_fd: AtomicU32,
-    /// How peers place data into the region ([`Placement`] as a number; 0 is strict, so a
-    /// table written before this field existed reads as all-strict).
-    pub(crate) placement: AtomicU32,
+    // Line 1.
     pub(crate) mem_ino: AtomicU64,
     pub(crate) mem_off: AtomicU64,
+    /// Inode of the layout `memfd`, so a recycled descriptor number is never mistaken for it.
+    pub(crate) layout_ino: AtomicU64,
     /// For a region carrying a non-contiguous layout: the owner's descriptor + 1 of the
     /// `memfd` holding the encoded layout (see [`crate::mr::store`]), 0 for none.
     pub(crate) layout_fd: AtomicU32,
-    /// Non-zero when the region is a layout: the generation of the published layout, bumped
-    /// (to a process-unique value) every time the owner sets a new one, so peers can cache
-    /// the decoded form keyed by (owner pid, key, generation, inode).
-    pub(crate) layout_gen: AtomicU32,
-    /// Inode of the layout `memfd`, so a recycled descriptor number is never mistaken for it.
-    pub(crate) layout_ino: AtomicU64,
     /// The slot's generation, bumped at each registration (the low 8 bits of the key before
     /// [`KeyTable::hide`]).
     pub(crate) generation: AtomicU32,
-    /// [`KIND_MR`], [`KIND_MW1`] or [`KIND_MW2`].
-    pub(crate) kind: AtomicU32,
     /// A bound type-2 window: the only QP (number) whose incoming requests may use it.
     pub(crate) bound_qp: AtomicU32,
     /// A region: how many windows are bound to it (it cannot be deregistered meanwhile).
     pub(crate) windows: AtomicU32,
     /// A window: the key of the region it is bound to (0: not bound, no access).
     pub(crate) window_of: AtomicU32,
-    pub(crate) _pad: AtomicU32,
+    /// Pins taken by everyone but the table's owner (views: peers, the host engine,
+    /// importers).
+    pub(crate) peer_pins: AtomicU32,
+    // Line 2.
+    /// Pins taken through the table's owner (the process that created it, see
+    /// [`KeyTable::new`]).
+    pub(crate) owner_pins: PinCount,
+}
+
+/// A pin count on a cache line of its own.
+#[repr(C, align(64))]
+pub(crate) struct PinCount(AtomicU32);
+
+impl KeyEntry {
+    /// Pins in either count; read after the state was moved away from VALID (both
+    /// sequentially consistent, as the pin's count-then-state is), so no new pin passes.
+    pub(crate) fn pinned(&self) -> bool {
+        self.owner_pins.0.load(Ordering::SeqCst) != 0 || self.peer_pins.load(Ordering::SeqCst) != 0
+    }
+
+    /// Forgets pins a dead peer may have left, once waiting for them timed out.
+    pub(crate) fn reset_pins(&self) {
+        self.owner_pins.0.store(0, Ordering::SeqCst);
+        self.peer_pins.store(0, Ordering::SeqCst);
+    }
+
+    /// Waits (bounded by `deadline`) until no pin is held, then clears the counts.
+    pub(crate) fn wait_unpinned(&self, deadline: std::time::Instant) {
+        while self.pinned() && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        self.reset_pins();
+    }
 }
 
 // SAFETY: repr(C), atomics only, valid when zero (state FREE).
@@ -175,11 +220,15 @@ pub struct KeyTable {
     pub(crate) free: Mutex<FreeSlots>,
     /// The device's ordering check: relaxed regions registered here are scrambled.
     ordering_check: bool,
+    /// Created here (pins count in `owner_pins`), not opened (`peer_pins`).
+    owner: bool,
 }
 
 /// A pinned range of a region: its bytes stay registered until this is dropped.
 pub struct Pin<'a> {
     entry: &'a KeyEntry,
+    /// The count this pin is in.
+    count: &'a AtomicU32,
     /// Host address (in the owner's address space) of the first byte of the checked range.
     pub host: usize,
     /// The region is on-demand (read with its rights at pin time).
@@ -258,8 +307,7 @@ impl Drop for Pin<'_> {
     fn drop(&mut self) {
         // Saturating: a deregistration that gave up waiting for a dead peer reset the count.
         let _ = self
-            .entry
-            .users
+            .count
             .fetch_update(Ordering::Release, Ordering::Relaxed, |u| u.checked_sub(1));
     }
 }
@@ -288,6 +336,7 @@ impl KeyTable {
             mix: [0; 4],
             free: Mutex::new(free),
             ordering_check: false,
+            owner: true,
         })
     }
 
@@ -317,6 +366,7 @@ impl KeyTable {
             capacity,
             free: Mutex::new(FreeSlots::default()),
             ordering_check: false,
+            owner: false,
         })
     }
 
@@ -469,11 +519,7 @@ impl KeyTable {
         }
         // Pins are held only for the duration of one copy, so this wait is short; a peer
         // process that died holding a pin must not hang us, hence the bound.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        while e.users.load(Ordering::SeqCst) != 0 && std::time::Instant::now() < deadline {
-            std::thread::yield_now();
-        }
-        e.users.store(0, Ordering::SeqCst);
+        e.wait_unpinned(std::time::Instant::now() + std::time::Duration::from_secs(1));
         // Binds pin the region while they count themselves, so the count is final now.
         // `ibv_dereg_mr` refuses a region with windows (`Mr::check_dereg`); a region dropped
         // regardless takes its windows down with it, never leaving them on freed memory.
@@ -632,9 +678,14 @@ impl KeyTable {
         need: AccessFlags,
     ) -> Result<(Pin<'_>, &KeyEntry), KeyError> {
         let e = self.find(key).ok_or(KeyError::Invalid)?;
-        e.users.fetch_add(1, Ordering::SeqCst);
+        let count = match self.owner {
+            true => &e.owner_pins.0,
+            false => &e.peer_pins,
+        };
+        count.fetch_add(1, Ordering::SeqCst);
         let mut pin = Pin {
             entry: e,
+            count,
             host: 0,
             on_demand: false,
         };
@@ -759,7 +810,7 @@ mod tests {
         let p = t.pin(k, 7, 0x5010, 84, AccessFlags::REMOTE_READ).unwrap();
         assert_eq!(p.host, 0x1010);
         drop(p);
-        assert_eq!(t.entry(k >> 8).unwrap().users.load(Ordering::Relaxed), 0);
+        assert!(!t.entry(k >> 8).unwrap().pinned());
         assert_eq!(
             t.pin(k, 7, 0x5010, 85, AccessFlags::empty()).err(),
             Some(KeyError::Bounds)
@@ -791,6 +842,87 @@ mod tests {
         assert_ne!(k, k2);
         assert!(t.pin(k, 7, 0x5000, 1, AccessFlags::empty()).is_err());
         assert!(t.pin(k2, 7, 0x5000, 1, AccessFlags::empty()).is_ok());
+    }
+
+    #[test]
+    fn each_pin_count_sits_on_a_line_the_other_side_does_not_read() {
+        use std::mem::offset_of;
+        let line = |offset: usize| offset / 64;
+        // What every pin reads: line 0.
+        for f in [
+            offset_of!(KeyEntry, state),
+            offset_of!(KeyEntry, key),
+            offset_of!(KeyEntry, kind),
+            offset_of!(KeyEntry, pd),
+            offset_of!(KeyEntry, access),
+            offset_of!(KeyEntry, layout_gen),
+            offset_of!(KeyEntry, placement),
+            offset_of!(KeyEntry, mem_fd),
+            offset_of!(KeyEntry, owner_pid),
+            offset_of!(KeyEntry, addr),
+            offset_of!(KeyEntry, length),
+            offset_of!(KeyEntry, iova),
+        ] {
+            assert_eq!(line(f), 0, "field at {f}");
+        }
+        // Where peers map the bytes, beside their count; the owner's count alone.
+        for f in [
+            offset_of!(KeyEntry, mem_ino),
+            offset_of!(KeyEntry, mem_off),
+            offset_of!(KeyEntry, peer_pins),
+        ] {
+            assert_eq!(line(f), 1, "field at {f}");
+        }
+        assert_eq!(offset_of!(KeyEntry, owner_pins), 128);
+        assert_eq!(std::mem::size_of::<KeyEntry>(), 192);
+    }
+
+    #[test]
+    fn the_owner_and_a_view_pin_in_their_own_counts_and_deregistration_waits_for_both() {
+        let t = KeyTable::new(4).unwrap();
+        let view = KeyTable::open(t.segment().reopen().unwrap()).unwrap();
+        let acc = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let k = t.register(7, 0x1000, 100, 0x1000, acc, None).unwrap();
+        let e = t.entry(k >> 8).unwrap();
+        let counts = |e: &KeyEntry| {
+            (
+                e.owner_pins.0.load(Ordering::Relaxed),
+                e.peer_pins.load(Ordering::Relaxed),
+            )
+        };
+        let mine = t.pin(k, 7, 0x1000, 8, AccessFlags::LOCAL_WRITE).unwrap();
+        assert_eq!(counts(e), (1, 0));
+        let theirs = view
+            .pin_remote(k, 7, 3, 0x1008, 8, AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(counts(e), (1, 1));
+        drop(mine);
+        assert_eq!(counts(e), (0, 1));
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let dereg = s.spawn(|| {
+                t.deregister(k).unwrap();
+                done.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(
+                !done.load(Ordering::SeqCst),
+                "deregistered under a view's pin"
+            );
+            // No new pin gets in while it waits.
+            assert_eq!(
+                t.pin(k, 7, 0x1000, 1, AccessFlags::empty()).err(),
+                Some(KeyError::Invalid)
+            );
+            drop(theirs);
+            dereg.join().unwrap();
+        });
+        assert_eq!(counts(e), (0, 0));
+        assert_eq!(
+            view.pin_remote(k, 7, 3, 0x1000, 1, AccessFlags::REMOTE_WRITE)
+                .err(),
+            Some(KeyError::Invalid)
+        );
     }
 
     #[test]

@@ -39,6 +39,7 @@ impl Pinned<'_> {
 
 /// A list that holds one item without allocating: nearly every work request has one SGE, and
 /// two allocations per request (its spans and its pins) cost more than resolving it.
+#[derive(Debug, Clone)]
 pub(crate) enum Few<T> {
     Inline(Option<T>),
     Heap(Vec<T>),
@@ -72,6 +73,20 @@ impl<T> Few<T> {
         match self {
             Few::Heap(v) => v,
             Few::Inline(_) => unreachable!("made a Vec above"),
+        }
+    }
+}
+
+impl<T> Default for Few<T> {
+    fn default() -> Few<T> {
+        Few::new()
+    }
+}
+
+impl<T> Extend<T> for Few<T> {
+    fn extend<I: IntoIterator<Item = T>>(&mut self, items: I) {
+        for item in items {
+            self.push(item);
         }
     }
 }
@@ -135,7 +150,7 @@ fn reserve_spans(spans: &mut Vec<Span>, n: usize) {
 
 impl Drop for Spans<'_> {
     fn drop(&mut self) {
-        let Few::Heap(mut v) = std::mem::replace(&mut self.spans, Few::new()) else {
+        let Few::Heap(mut v) = std::mem::take(&mut self.spans) else {
             return;
         };
         if v.capacity() > 8 && v.capacity() <= KEPT_SPANS {

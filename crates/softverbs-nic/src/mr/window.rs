@@ -310,11 +310,7 @@ impl KeyTable {
     /// Detaches a window (taken for a change) from its region: waits for the pins of its
     /// range to drain, uncounts it on the region, and leaves it reaching nothing.
     fn unbind(&self, e: &KeyEntry) {
-        let deadline = Instant::now() + WAIT;
-        while e.users.load(Ordering::SeqCst) != 0 && Instant::now() < deadline {
-            std::thread::yield_now();
-        }
-        e.users.store(0, Ordering::SeqCst);
+        e.wait_unpinned(Instant::now() + WAIT);
         let mr = e.window_of.swap(0, Ordering::SeqCst);
         if mr != 0
             && let Some(m) = self.entry(self.slot(mr)).filter(|m| {

@@ -616,7 +616,7 @@ impl Qp {
             QpState::Err => {
                 self.flush_recv(&RecvWqe {
                     wr_id,
-                    sges: Vec::new(),
+                    sges: crate::mr::resolve::Few::new(),
                 });
                 Ok(())
             }

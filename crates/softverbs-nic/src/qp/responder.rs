@@ -495,24 +495,30 @@ fn deliver_send<R: Responder>(
         Ok(d) => d,
         Err(_) => return fail(WcStatus::LocProtErr, WcStatus::RemOpErr),
     };
-    let src = &req.local.spans;
-    let mut sources: Vec<Span> = Vec::with_capacity(src.len() + 1);
+    let src: &[Span] = &req.local.spans;
     let mut total = req.len;
-    if let Some((g, present)) = grh {
-        sources.push(Span::of(g));
-        total += GRH_LEN as u64;
-        if present {
-            flags |= WcFlags::GRH;
+    // Only a datagram's GRH makes a list of its own: an RC or UC SEND allocates nothing here.
+    let with_grh: Vec<Span>;
+    let sources = match grh {
+        Some((g, present)) => {
+            total += GRH_LEN as u64;
+            if present {
+                flags |= WcFlags::GRH;
+            }
+            with_grh = std::iter::once(Span::of(g))
+                .chain(src.iter().copied())
+                .collect();
+            &with_grh[..]
         }
-    }
-    sources.extend_from_slice(src);
+        None => src,
+    };
     if dst.len < total {
         return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr);
     }
     // SAFETY: sources are the requester's pinned registrations, inline bytes or the GRH
     // buffer; the destinations are the receiver's registrations, checked with LOCAL_WRITE and
     // pinned.
-    if unsafe { place(req.placer, &sources, &dst.spans, dst.placement()) }.is_err() {
+    if unsafe { place(req.placer, sources, &dst.spans, dst.placement()) }.is_err() {
         return fail(WcStatus::LocAccessErr, WcStatus::RemOpErr);
     }
     let mut imm = imm;

@@ -9,6 +9,7 @@ use crate::device::{Counted, Device, InUse, Resource, Users};
 use crate::device_memory::ring::{Ring, SlotPayload};
 use crate::error::{Error, Result, inval};
 use crate::mr::keys::KeyTable;
+use crate::mr::resolve::Few;
 use crate::pd::Pd;
 use crate::types::{AsyncEventType, Sge};
 use std::sync::Arc;
@@ -31,7 +32,8 @@ unsafe impl SlotPayload for Sge {}
 #[derive(Debug, Clone, Default)]
 pub struct RecvWqe {
     pub wr_id: u64,
-    pub sges: Vec<Sge>,
+    /// Nearly every receive has one SGE: taking it allocates nothing.
+    pub(crate) sges: Few<Sge>,
 }
 
 /// A ring of receive WQEs with room for `max_sge` SGEs each.
@@ -108,7 +110,7 @@ impl RecvQueue {
 
     /// Takes the oldest posted receive.
     pub fn take(&self) -> Option<RecvWqe> {
-        let mut sges = Vec::new();
+        let mut sges = Few::new();
         let h: RecvHeader = self
             .ring
             .pop_slice(&mut sges, |h: &RecvHeader| h.num_sge as usize)?;
