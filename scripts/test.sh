@@ -50,13 +50,14 @@ fi
 # middleware of tests/middleware.rs: ucx-utils (ucx_info, ucx_perftest), qperf, openmpi-bin
 # and libopenmpi-dev (mpirun, mpicc); the connection-manager programs of tests/rdmacm_tools.rs
 # and rsocket_tools.rs: rdmacm-utils (rping, ucmatose, rstream, ...), libfabric-bin (fi_info,
-# fi_pingpong) and librdmacm-dev (rdma_cma.h, for tests/c/cm_events.c). Installed from
+# fi_pingpong) and librdmacm-dev (rdma_cma.h, for tests/c/cm_events.c); valgrind (a
+# pingpong through the drop-in under memcheck). Installed from
 # Debian when running as root; without
 # them those tests are skipped, except under CI=true, where this stops here.
 packages=(ibverbs-utils perftest libibverbs-dev python3-scapy tshark iputils-ping
-    ucx-utils qperf openmpi-bin libopenmpi-dev rdmacm-utils libfabric-bin librdmacm-dev)
+    ucx-utils qperf openmpi-bin libopenmpi-dev rdmacm-utils libfabric-bin librdmacm-dev valgrind)
 rdma_tools=(ibv_devices ibv_devinfo ibv_rc_pingpong ib_write_lat tshark ping
-    ucx_info ucx_perftest qperf mpirun mpicc rping ucmatose rstream fi_pingpong)
+    ucx_info ucx_perftest qperf mpirun mpicc rping ucmatose rstream fi_pingpong valgrind)
 packages_missing() {
     local t
     for t in "${rdma_tools[@]}"; do

@@ -49,6 +49,7 @@ fn package_of(tool: &str) -> &'static str {
         "ucx_info" | "ucx_perftest" => "ucx-utils",
         "mpicc" | "mpirun" => "openmpi-bin libopenmpi-dev",
         "qperf" => "qperf",
+        "valgrind" => "valgrind",
         _ => "ibverbs-utils perftest",
     }
 }

@@ -9,6 +9,7 @@
 //! Layout (offsets in bytes): `0` header (magic, version, capacity, stride, then 48 bytes for
 //! the owner's fields), `64` consumer index, `128` producer index, `192` slots.
 
+use crate::device_memory::prefetch;
 use crate::device_memory::segment::Segment;
 use crate::error::Result;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -172,6 +173,10 @@ impl Ring {
     fn claim_push(&self) -> Option<u64> {
         let tail = self.tail();
         let mut pos = tail.load(Ordering::Relaxed);
+        // The slot was last written by its consumer (on another core, as a rule): fetching
+        // it for writing at once saves a second transfer, the upgrade of a shared copy, when
+        // the payload and sequence stores follow.
+        prefetch::write(self.seq(pos));
         loop {
             let seq = self.seq(pos).load(Ordering::Acquire);
             match seq.cmp(&pos) {
@@ -190,6 +195,14 @@ impl Ring {
                 std::cmp::Ordering::Greater => pos = tail.load(Ordering::Relaxed),
             }
         }
+    }
+
+    /// Asks for the oldest slot's line with write intent, for a consumer about to take it
+    /// and release it (a store): one transfer instead of a read and then an upgrade. Not for
+    /// consumers that poll an empty ring, whose producer would lose the line to each poll.
+    #[inline]
+    pub fn prefetch_head(&self) {
+        prefetch::write(self.seq(self.head().load(Ordering::Relaxed)));
     }
 
     /// Claims the oldest published slot for reading; `None` when the ring is empty.

@@ -174,6 +174,24 @@ pub(crate) fn pin_sges<'k>(
     need: AccessFlags,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Result<Spans<'k>, KeyError> {
+    // Nearly every request: one SGE of an ordinary key, built in place.
+    if let [s] = sges
+        && s.length > 0
+    {
+        let n = u64::from(s.length);
+        match keys.pin(s.lkey, pd, s.addr, n, need) {
+            Ok(pin) => {
+                let span = place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?;
+                return Ok(Spans {
+                    spans: Few::Inline(Some(span)),
+                    pins: Few::Inline(Some(pin)),
+                    len: n,
+                });
+            }
+            Err(KeyError::Layout) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let mut spans = Few::new();
     let mut pins = Few::new();
     let mut len = 0u64;

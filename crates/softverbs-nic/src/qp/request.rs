@@ -69,6 +69,25 @@ pub(crate) enum Response {
     Dropped,
 }
 
+/// A connected responder as the requester reaches it for one request: lent from what the QP
+/// remembers of its connection (the send lock is held meanwhile), so a request touches no
+/// reference count (two locked instructions of a 64-byte WRITE), or found for this request.
+pub(crate) enum Reached<'p, T> {
+    Lent(&'p T),
+    Found(T),
+}
+
+impl<T> std::ops::Deref for Reached<'_, T> {
+    type Target = T;
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        match self {
+            Reached::Lent(t) => t,
+            Reached::Found(t) => t,
+        }
+    }
+}
+
 /// How a request reaches its responder. That is a transport's job, and the transports sit
 /// above this layer (`crate::transport` implements this for [`Qp`](super::Qp)), so the
 /// requester calls them through this trait without naming one, and statically.
@@ -82,13 +101,13 @@ pub(crate) trait Deliver {
     /// (`dev`: the device of this host `av` names, found when the QP was connected, if any).
     /// Once found it is remembered in `peer`: a QP that later takes its number is a stranger
     /// whose PSNs would not match, so it is never delivered to. `None`: nothing answers there.
-    fn responder(
+    fn responder<'p>(
         &self,
-        peer: &mut Option<Self::Peer>,
+        peer: &'p mut Option<Self::Peer>,
         av: &AhAttr,
         dev: &Weak<Device>,
         qpn: u32,
-    ) -> Option<Self::Target>;
+    ) -> Option<Reached<'p, Self::Target>>;
 
     /// UD: QP `qpn` where address handle `ah` leads, found anew for each message.
     fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target>;
@@ -96,6 +115,10 @@ pub(crate) trait Deliver {
     /// UD to the multicast QPN: every QP attached to the group `ah` names, found anew for
     /// each message.
     fn ud_group(&self, ah: &Ah) -> Vec<Self::Target>;
+
+    /// A hint before the requester checks its own side of a request of `op` to `to`: the
+    /// transport may start fetching what delivering it will read.
+    fn expect(&self, _to: &Self::Target, _op: &SendOp) {}
 
     /// Carries `req` to `to` and brings back the answer.
     fn deliver(&self, to: &Self::Target, req: &Request<'_>) -> Response;

@@ -26,6 +26,18 @@ impl Qp {
         } else {
             AccessFlags::empty()
         };
+        // The connected responder first, so that what delivering to it reads is on its way
+        // while the local side is checked; its absence still ranks after a local error.
+        let target = match self.qp_type {
+            QpType::Ud => None,
+            _ => {
+                let (av, qpn) = (&st.attr.ah_attr, st.attr.dest_qp_num);
+                self.responder(&mut st.peer, av, &st.peer_dev, qpn)
+            }
+        };
+        if let Some(t) = &target {
+            self.expect(t, &w.op);
+        }
         let local = match self.local(&w.payload, need) {
             Ok(l) => l,
             Err(status) => return Outcome::Done(status, 0),
@@ -36,8 +48,7 @@ impl Qp {
         if self.qp_type == QpType::Ud {
             return self.execute_ud(st, w, &local);
         }
-        let (av, qpn) = (&st.attr.ah_attr, st.attr.dest_qp_num);
-        let Some(target) = self.responder(&mut st.peer, av, &st.peer_dev, qpn) else {
+        let Some(target) = target else {
             return self.lost(local.len);
         };
         if !self.dev.port_active() {

@@ -108,12 +108,22 @@ impl RecvQueue {
             .map_err(|_| Error::NoResources("receive queue is full".into()))
     }
 
+    /// A message is on its way to the queue: starts fetching the oldest WQE's line for the
+    /// [`take`](Self::take) that follows (a hint; the WQE was written by the owner's core).
+    #[inline]
+    pub(crate) fn expect_take(&self) {
+        self.ring.prefetch_head();
+    }
+
     /// Takes the oldest posted receive.
     pub fn take(&self) -> Option<RecvWqe> {
         let mut sges = Few::new();
         let h: RecvHeader = self
             .ring
             .pop_slice(&mut sges, |h: &RecvHeader| h.num_sge as usize)?;
+        // Receives are posted ahead: the next one is likely there already, and fetching it
+        // now takes its transfer off the next message's path.
+        self.ring.prefetch_head();
         Some(RecvWqe {
             wr_id: h.wr_id,
             sges,
@@ -261,6 +271,12 @@ impl Srq {
         }
         self.rq.ring.user_words()[W_LIMIT].store(limit, Ordering::Release);
         Ok(())
+    }
+
+    /// See [`RecvQueue::expect_take`].
+    #[inline]
+    pub(crate) fn expect_take(&self) {
+        self.rq.expect_take();
     }
 
     /// Takes a WQE for an arriving message, firing the limit event when it is crossed.

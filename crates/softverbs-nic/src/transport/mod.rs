@@ -34,7 +34,8 @@ pub(crate) mod same_host;
 use crate::device::Device;
 use crate::device_memory::segment::Segment;
 use crate::pd::Ah;
-use crate::qp::request::{Deliver, Request, Response};
+use crate::qp::request::{Deliver, Reached, Request, Response};
+use crate::qp::wr::SendOp;
 use crate::qp::{Qp, QpCap};
 use crate::types::AhAttr;
 use roce::NetQp;
@@ -50,13 +51,13 @@ pub(crate) trait Transport {
 
     /// The responder an RC/UC QP is connected to: QP `qpn` at the end of path `av` (`dev`: the
     /// device of this host `av` names, if any), remembered in `peer` once found.
-    fn responder(
+    fn responder<'p>(
         &self,
-        peer: &mut Option<Self::Peer>,
+        peer: &'p mut Option<Self::Peer>,
         av: &AhAttr,
         dev: &Weak<Device>,
         qpn: u32,
-    ) -> Option<Self::Target>;
+    ) -> Option<Reached<'p, Self::Target>>;
 
     /// UD: QP `qpn` where `ah` leads, found for one message.
     fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target>;
@@ -64,6 +65,9 @@ pub(crate) trait Transport {
     /// UD to the multicast QPN: the QPs of `dev` (the sender's: its fabric) attached to
     /// the group `ah` names (its GRH's multicast GID, else its multicast LID).
     fn ud_group(&self, dev: &Arc<Device>, ah: &Ah) -> Vec<Self::Target>;
+
+    /// A hint that a request of `op` to `to` follows (see [`Deliver::expect`]).
+    fn expect(&self, _to: &Self::Target, _op: &SendOp) {}
 
     /// Carries `req` to `to`'s side, has the responder's semantics run there, and brings the
     /// answer back.
@@ -89,13 +93,13 @@ impl Deliver for Qp {
     type Target = <SameHost as Transport>::Target;
 
     #[inline]
-    fn responder(
+    fn responder<'p>(
         &self,
-        peer: &mut Option<Self::Peer>,
+        peer: &'p mut Option<Self::Peer>,
         av: &AhAttr,
         dev: &Weak<Device>,
         qpn: u32,
-    ) -> Option<Self::Target> {
+    ) -> Option<Reached<'p, Self::Target>> {
         SameHost.responder(peer, av, dev, qpn)
     }
 
@@ -106,6 +110,11 @@ impl Deliver for Qp {
 
     fn ud_group(&self, ah: &Ah) -> Vec<Self::Target> {
         SameHost.ud_group(&self.dev, ah)
+    }
+
+    #[inline]
+    fn expect(&self, to: &Self::Target, op: &SendOp) {
+        SameHost.expect(to, op)
     }
 
     #[inline]
