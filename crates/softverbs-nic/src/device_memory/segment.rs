@@ -164,8 +164,21 @@ impl Segment {
     /// A reference to the `T` at `offset`.
     ///
     /// Offsets are computed by the NIC from its own layouts, so a bad one is a bug and panics.
+    #[inline(always)]
     pub fn at<T: ShmPlain>(&self, offset: usize) -> &T {
-        self.slice::<T>(offset, 1).first().expect("count is 1")
+        // The checks of `slice` for one item, in the fewest instructions: every ring slot,
+        // key entry and QP context a request touches comes through here.
+        let fits = offset <= self.len.wrapping_sub(std::mem::size_of::<T>())
+            && std::mem::size_of::<T>() <= self.len;
+        assert!(fits, "segment layout out of bounds");
+        let p = self.ptr.as_ptr().wrapping_add(offset);
+        assert!(
+            (p as usize) & (std::mem::align_of::<T>() - 1) == 0,
+            "misaligned layout"
+        );
+        // SAFETY: in bounds and aligned (checked above), initialised and valid as for
+        // `slice`; the reference lives no longer than `self`, which keeps the mapping alive.
+        unsafe { &*p.cast::<T>() }
     }
 
     /// `count` consecutive `T`s starting at `offset`.
@@ -223,5 +236,29 @@ mod tests {
     fn out_of_bounds_layout_is_caught() {
         let seg = Segment::create("test", 64).unwrap();
         let _ = seg.slice::<AtomicU64>(seg.len() - 8, 2);
+    }
+
+    #[test]
+    fn one_item_is_reached_to_the_last_byte_and_no_further() {
+        let seg = Segment::create("test", 64).unwrap();
+        let last: &AtomicU64 = seg.at(seg.len() - 8);
+        last.store(7, Ordering::Relaxed);
+        assert_eq!(
+            seg.slice::<AtomicU64>(seg.len() - 8, 1)[0].load(Ordering::Relaxed),
+            7
+        );
+        for (offset, why) in [
+            (seg.len() - 7, "out of bounds"),
+            (seg.len(), "out of bounds"),
+            (usize::MAX - 3, "out of bounds"),
+            (4, "misaligned"),
+        ] {
+            let caught = std::panic::catch_unwind(|| {
+                let _: &AtomicU64 = seg.at(offset);
+            });
+            let msg = caught.expect_err("must panic");
+            let msg = msg.downcast_ref::<&str>().copied().unwrap_or_default();
+            assert!(msg.contains(why), "offset {offset}: {msg}");
+        }
     }
 }

@@ -84,7 +84,16 @@ impl<T> Default for Few<T> {
 }
 
 impl<T> Extend<T> for Few<T> {
+    #[inline]
     fn extend<I: IntoIterator<Item = T>>(&mut self, items: I) {
+        let mut items = items.into_iter();
+        // The usual receive: one SGE into an empty list, stored without the general push.
+        if let Few::Inline(slot @ None) = self {
+            match items.next() {
+                Some(first) => *slot = Some(first),
+                None => return,
+            }
+        }
         for item in items {
             self.push(item);
         }
@@ -380,4 +389,22 @@ where
     layout
         .try_for_each_run(r.offset, len, visit)
         .map_err(|_| KeyError::Bounds)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Few;
+
+    #[test]
+    fn a_few_list_extends_like_a_vec() {
+        for (start, more) in [(0, 0), (0, 1), (0, 3), (1, 0), (1, 1), (1, 4), (3, 2)] {
+            let mut few = Few::new();
+            let mut vec = Vec::new();
+            few.extend(0..start);
+            vec.extend(0..start);
+            few.extend(10..10 + more);
+            vec.extend(10..10 + more);
+            assert_eq!(&*few, &vec[..], "{start} then {more}");
+        }
+    }
 }
