@@ -116,10 +116,6 @@ pub(crate) trait Deliver {
     /// each message.
     fn ud_group(&self, ah: &Ah) -> Vec<Self::Target>;
 
-    /// A hint before the requester checks its own side of a request of `op` to `to`: the
-    /// transport may start fetching what delivering it will read.
-    fn expect(&self, _to: &Self::Target, _op: &SendOp) {}
-
     /// Carries `req` to `to` and brings back the answer.
     fn deliver(&self, to: &Self::Target, req: &Request<'_>) -> Response;
 

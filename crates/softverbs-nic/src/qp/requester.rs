@@ -26,8 +26,8 @@ impl Qp {
         } else {
             AccessFlags::empty()
         };
-        // The connected responder first, so that what delivering to it reads is on its way
-        // while the local side is checked; its absence still ranks after a local error.
+        // The connected responder first, so that the lines its lookup prefetches are on their
+        // way while the local side is checked; its absence still ranks after a local error.
         let target = match self.qp_type {
             QpType::Ud => None,
             _ => {
@@ -35,9 +35,6 @@ impl Qp {
                 self.responder(&mut st.peer, av, &st.peer_dev, qpn)
             }
         };
-        if let Some(t) = &target {
-            self.expect(t, &w.op);
-        }
         let local = match self.local(&w.payload, need) {
             Ok(l) => l,
             Err(status) => return Outcome::Done(status, 0),

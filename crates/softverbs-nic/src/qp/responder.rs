@@ -41,9 +41,6 @@ pub(crate) trait Responder {
     fn keys(&self) -> &KeyTable;
     /// The GID of its device.
     fn gid(&self) -> Gid;
-    /// A message that takes a receive is coming: a hint to start fetching the receive
-    /// (another core posted it) while the requester does its own part.
-    fn expect_recv(&self) {}
     /// Takes its oldest posted receive (from its SRQ, if it has one).
     fn take_recv(&self) -> Option<RecvWqe>;
     /// Pushes a receive completion into its CQ, signalling as its owner would; a completion
@@ -98,14 +95,6 @@ impl Responder for Qp {
     #[inline]
     fn gid(&self) -> Gid {
         self.dev.config.gid
-    }
-    #[inline]
-    fn expect_recv(&self) {
-        match (&self.srq, &self.rq) {
-            (Some(srq), _) => srq.expect_take(),
-            (None, Some(rq)) => rq.expect_take(),
-            (None, None) => {}
-        }
     }
     #[inline]
     fn take_recv(&self) -> Option<RecvWqe> {

@@ -108,13 +108,6 @@ impl RecvQueue {
             .map_err(|_| Error::NoResources("receive queue is full".into()))
     }
 
-    /// A message is on its way to the queue: starts fetching the oldest WQE's line for the
-    /// [`take`](Self::take) that follows (a hint; the WQE was written by the owner's core).
-    #[inline]
-    pub(crate) fn expect_take(&self) {
-        self.ring.prefetch_head();
-    }
-
     /// Takes the oldest posted receive.
     pub fn take(&self) -> Option<RecvWqe> {
         let mut sges = Few::new();
@@ -271,12 +264,6 @@ impl Srq {
         }
         self.rq.ring.user_words()[W_LIMIT].store(limit, Ordering::Release);
         Ok(())
-    }
-
-    /// See [`RecvQueue::expect_take`].
-    #[inline]
-    pub(crate) fn expect_take(&self) {
-        self.rq.expect_take();
     }
 
     /// Takes a WQE for an arriving message, firing the limit event when it is crossed.

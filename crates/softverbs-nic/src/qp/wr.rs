@@ -147,17 +147,6 @@ impl SendOp {
         )
     }
 
-    /// True for the operations that consume a receive at the responder.
-    pub fn consumes_recv(&self) -> bool {
-        matches!(
-            self,
-            SendOp::Send
-                | SendOp::SendWithImm { .. }
-                | SendOp::SendWithInv { .. }
-                | SendOp::RdmaWriteWithImm { .. }
-        )
-    }
-
     /// True for the atomics.
     pub fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. })

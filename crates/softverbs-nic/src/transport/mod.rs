@@ -35,7 +35,6 @@ use crate::device::Device;
 use crate::device_memory::segment::Segment;
 use crate::pd::Ah;
 use crate::qp::request::{Deliver, Reached, Request, Response};
-use crate::qp::wr::SendOp;
 use crate::qp::{Qp, QpCap};
 use crate::types::AhAttr;
 use roce::NetQp;
@@ -65,9 +64,6 @@ pub(crate) trait Transport {
     /// UD to the multicast QPN: the QPs of `dev` (the sender's: its fabric) attached to
     /// the group `ah` names (its GRH's multicast GID, else its multicast LID).
     fn ud_group(&self, dev: &Arc<Device>, ah: &Ah) -> Vec<Self::Target>;
-
-    /// A hint that a request of `op` to `to` follows (see [`Deliver::expect`]).
-    fn expect(&self, _to: &Self::Target, _op: &SendOp) {}
 
     /// Carries `req` to `to`'s side, has the responder's semantics run there, and brings the
     /// answer back.
@@ -110,11 +106,6 @@ impl Deliver for Qp {
 
     fn ud_group(&self, ah: &Ah) -> Vec<Self::Target> {
         SameHost.ud_group(&self.dev, ah)
-    }
-
-    #[inline]
-    fn expect(&self, to: &Self::Target, op: &SendOp) {
-        SameHost.expect(to, op)
     }
 
     #[inline]

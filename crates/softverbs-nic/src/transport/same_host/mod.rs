@@ -27,7 +27,6 @@ use crate::qp::context::{QpCtx, XrcRole};
 use crate::qp::request::{Reached, Request, Response};
 use crate::qp::responder::{Responder, invalid_request, respond};
 use crate::qp::rq::RecvWqe;
-use crate::qp::wr::SendOp;
 use crate::types::{AccessFlags, AhAttr, AsyncEventType, Gid, QpType};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -125,13 +124,6 @@ impl Transport for SameHost {
             .into_iter()
             .filter_map(|qpn| find_target(dev, qpn))
             .collect()
-    }
-
-    #[inline]
-    fn expect(&self, to: &Target, op: &SendOp) {
-        if op.consumes_recv() {
-            to.expect_recv();
-        }
     }
 
     fn deliver(&self, to: &Target, req: &Request<'_>) -> Response {
@@ -232,13 +224,6 @@ impl Responder for Target {
         match self {
             Target::Local(q) => Responder::gid(&**q),
             Target::Remote(r) => r.gid(),
-        }
-    }
-    #[inline]
-    fn expect_recv(&self) {
-        match self {
-            Target::Local(q) => Responder::expect_recv(&**q),
-            Target::Remote(r) => r.expect_recv(),
         }
     }
     #[inline]

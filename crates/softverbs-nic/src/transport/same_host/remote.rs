@@ -336,11 +336,6 @@ impl Responder for RemoteQp {
         self.gid
     }
 
-    #[inline]
-    fn expect_recv(&self) {
-        self.rq.expect_take();
-    }
-
     fn take_recv(&self) -> Option<RecvWqe> {
         match self.srq_id {
             Some(id) => srq_take(&self.rq, id, |ev| self.post(ev)),
