@@ -376,6 +376,7 @@ pub struct Sge {
 
 /// Address vector of an address handle or a connected QP (`struct ibv_ah_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct AhAttr {
     pub dlid: u16,
     pub sl: u8,

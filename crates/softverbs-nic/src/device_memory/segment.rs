@@ -203,6 +203,37 @@ impl Segment {
     }
 }
 
+/// A segment that holds one `T` at its start, reached in one load: a requester among
+/// thousands of connections reads each QP's context through one of these, and the
+/// segment's own fields (behind an `Arc`, for the CQs that name the context) were one more
+/// cache miss per request.
+pub(crate) struct Head<T: ShmPlain> {
+    at: NonNull<T>,
+    /// Keeps the mapping `at` points into.
+    _seg: Arc<Segment>,
+}
+
+// SAFETY: a shared `&T` is all it hands out, and `T: ShmPlain` is `Sync`.
+unsafe impl<T: ShmPlain> Send for Head<T> {}
+// SAFETY: as above.
+unsafe impl<T: ShmPlain> Sync for Head<T> {}
+
+impl<T: ShmPlain> Head<T> {
+    /// The `T` at the start of `seg` (which must hold one: bounds and alignment are checked
+    /// here, once).
+    pub(crate) fn new(seg: Arc<Segment>) -> Head<T> {
+        let at = NonNull::from(seg.at::<T>(0));
+        Head { at, _seg: seg }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self) -> &T {
+        // SAFETY: `at` is what `Segment::at` returned for this mapping (in bounds, aligned,
+        // valid), and the mapping lives as long as `_seg`, which `self` holds.
+        unsafe { self.at.as_ref() }
+    }
+}
+
 /// The system page size.
 pub fn page_size() -> usize {
     rustix::param::page_size()
@@ -236,6 +267,19 @@ mod tests {
     fn out_of_bounds_layout_is_caught() {
         let seg = Segment::create("test", 64).unwrap();
         let _ = seg.slice::<AtomicU64>(seg.len() - 8, 2);
+    }
+
+    #[test]
+    fn a_head_reads_the_start_of_its_segment_and_checks_it_fits() {
+        let seg = Arc::new(Segment::create("test", 64).unwrap());
+        let head: Head<AtomicU64> = Head::new(seg.clone());
+        head.get().store(9, Ordering::Relaxed);
+        assert_eq!(seg.at::<AtomicU64>(0).load(Ordering::Relaxed), 9);
+        // It keeps the mapping: the value is still there once the segment is its alone.
+        drop(seg);
+        assert_eq!(head.get().load(Ordering::Relaxed), 9);
+        let tiny = Arc::new(Segment::create("test", 4).unwrap());
+        assert!(std::panic::catch_unwind(|| Head::<AtomicU64>::new(tiny)).is_err());
     }
 
     #[test]

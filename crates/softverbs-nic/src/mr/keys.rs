@@ -370,6 +370,17 @@ impl KeyTable {
         })
     }
 
+    /// True if both view the same table: the same bytes of the same file, opened with the
+    /// same header.
+    pub(crate) fn same_view(&self, other: &KeyTable) -> bool {
+        self.seg.inode() == other.seg.inode()
+            && self.seg.offset() == other.seg.offset()
+            && self.seg.len() == other.seg.len()
+            && self.capacity == other.capacity
+            && self.mix == other.mix
+            && self.owner == other.owner
+    }
+
     /// Turns the ordering check on or off for regions registered from now on: relaxed
     /// regions are then marked for scrambled placement, which every peer placing into them
     /// reads from the shared entry.

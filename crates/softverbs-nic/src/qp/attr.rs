@@ -29,7 +29,15 @@ pub struct QpInit {
 /// QP attributes (`struct ibv_qp_attr`); which ones matter is said by a
 /// [`QpAttrMask`](crate::types::QpAttrMask).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[repr(C)]
 pub struct QpAttr {
+    // What a request reads first (see `SendState`).
+    pub dest_qp_num: u32,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub port_num: u8,
+    pub ah_attr: AhAttr,
     pub qp_state: QpState,
     pub cur_qp_state: QpState,
     pub path_mtu: Mtu,
@@ -37,10 +45,8 @@ pub struct QpAttr {
     pub qkey: u32,
     pub rq_psn: u32,
     pub sq_psn: u32,
-    pub dest_qp_num: u32,
     pub qp_access_flags: AccessFlags,
     pub cap: QpCap,
-    pub ah_attr: AhAttr,
     pub alt_ah_attr: AhAttr,
     pub pkey_index: u16,
     pub alt_pkey_index: u16,
@@ -49,10 +55,6 @@ pub struct QpAttr {
     pub max_rd_atomic: u8,
     pub max_dest_rd_atomic: u8,
     pub min_rnr_timer: u8,
-    pub port_num: u8,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
     pub alt_port_num: u8,
     pub alt_timeout: u8,
     pub rate_limit: u32,

@@ -34,21 +34,23 @@ pub(super) struct Pending {
     wqe: SendWqe<'static>,
 }
 
-/// Requester state, guarded by the QP's send lock.
+/// Requester state, guarded by the QP's send lock. What a request reads and writes comes
+/// first (see [`Qp`]'s layout).
+#[repr(C)]
 pub(crate) struct SendState {
-    pub(super) attr: QpAttr,
-    pub(super) pending: VecDeque<Pending>,
-    pub(super) posted: u32,
     /// What the transport remembers of an RC/UC QP's responder (see [`Deliver`]).
     pub(super) peer: Option<<Qp as Deliver>::Peer>,
+    pub(super) pending: VecDeque<Pending>,
+    pub(super) next_try: Option<Instant>,
     /// The device on this host the address vector points at.
     pub(super) peer_dev: Weak<Device>,
+    pub(super) posted: u32,
+    pub(super) sqd_barrier: u32,
     pub(super) retries: u8,
     pub(super) rnr_retries: u8,
-    pub(super) next_try: Option<Instant>,
-    pub(super) sqd_barrier: u32,
     pub(super) notify_drained: bool,
     pub(super) last_wqe_reported: bool,
+    pub(super) attr: QpAttr,
 }
 
 /// How one attempt at a work request ended.

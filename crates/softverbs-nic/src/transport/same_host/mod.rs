@@ -18,7 +18,6 @@ pub(crate) use remote::RemoteQp;
 use super::Transport;
 use crate::cq::Cqe;
 use crate::device::{Device, multicast};
-use crate::device_memory::prefetch;
 use crate::mr::access::Span;
 use crate::mr::keys::{KeyTable, Pin};
 use crate::pd::Ah;
@@ -100,8 +99,7 @@ impl Transport for SameHost {
                 // clone this lending replaced fetched the first one early, and without that
                 // 65,536 QPs round-robin ran 20% slower.
                 if let Target::Remote(r) = t {
-                    prefetch::read(&**r);
-                    prefetch::read(&r.ctx().state);
+                    r.prefetch();
                 }
                 Some(Reached::Lent(t))
             }

@@ -9,6 +9,8 @@
 //! are unavailable (old kernels, sandboxes, a child forked without the thread), the record
 //! asks the kernel itself, at most every millisecond of the coarse clock.
 
+use crate::mr::keys::KeyTable;
+use crate::mr::peer::PeerMemory;
 use rustix::fd::OwnedFd;
 use rustix::process::{Pid, PidfdFlags, pidfd_open};
 use std::collections::HashMap;
@@ -31,6 +33,11 @@ pub(crate) struct Owner {
     /// When it was last seen alive, on the coarse monotonic clock (ns).
     checked: AtomicU64,
     dead: AtomicBool,
+    /// Its files mapped here, shared by all its QPs: among thousands of connections to one
+    /// process, a record per QP was two more cache misses per operation.
+    pub(crate) memory: PeerMemory,
+    /// Its key tables mapped here, each shared by the QPs that name it (as `memory` is).
+    keys: Mutex<Vec<Weak<KeyTable>>>,
 }
 
 /// The thread that learns of peer processes' deaths, and what it watches.
@@ -158,6 +165,8 @@ impl Owner {
             watch: key,
             checked: AtomicU64::new(coarse_now_ns()),
             dead: AtomicBool::new(false),
+            memory: PeerMemory::default(),
+            keys: Mutex::default(),
         });
         if let (Some(u), Some(key)) = (undertaker, key)
             && !u.watch(key, pid, &o)
@@ -176,6 +185,23 @@ impl Owner {
 
     pub(crate) fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The view of `table` another QP of this process already holds (the same bytes of the
+    /// same file, the same header), or `table` itself, kept for the next QP that names it.
+    pub(crate) fn share_keys(&self, table: KeyTable) -> Arc<KeyTable> {
+        let mut held = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|w| w.strong_count() > 0);
+        if let Some(t) = held
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|t| t.same_view(&table))
+        {
+            return t;
+        }
+        let table = Arc::new(table);
+        held.push(Arc::downgrade(&table));
+        table
     }
 
     /// False once the process is gone.
@@ -224,6 +250,23 @@ impl Drop for Owner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// QPs of one process that name the same key table share one view of it (its lines stay
+    /// in cache across thousands of connections); another table gets its own.
+    #[test]
+    fn views_of_one_key_table_are_shared_and_of_another_are_not() {
+        let owner = Owner::of(std::process::id());
+        let (t1, t2) = (KeyTable::new(64).unwrap(), KeyTable::new(64).unwrap());
+        let view = |t: &KeyTable| KeyTable::open(t.segment().reopen().unwrap()).unwrap();
+        let a = owner.share_keys(view(&t1));
+        let b = owner.share_keys(view(&t1));
+        let c = owner.share_keys(view(&t2));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        // The owner keeps no view alive by itself: once no QP holds one, the next maps anew.
+        drop(c);
+        assert_eq!(Arc::strong_count(&owner.share_keys(view(&t2))), 1);
+    }
 
     #[test]
     fn the_qps_of_one_process_share_its_record() {
