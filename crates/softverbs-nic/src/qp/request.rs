@@ -109,6 +109,10 @@ pub(crate) trait Deliver {
         qpn: u32,
     ) -> Option<Reached<'p, Self::Target>>;
 
+    /// A request to the remembered responder `peer` is coming: start fetching what reaching
+    /// it reads (among thousands of connections it is rarely in cache).
+    fn warm(&self, peer: &Self::Peer);
+
     /// UD: QP `qpn` where address handle `ah` leads, found anew for each message.
     fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target>;
 

@@ -177,6 +177,9 @@ impl Qp {
         wqes: impl IntoIterator<Item = SendWqe<'a>>,
     ) -> Result<(), PostError> {
         let mut st = lock(&self.send);
+        if let Some(peer) = &st.peer {
+            self.warm(peer);
+        }
         for (index, w) in wqes.into_iter().enumerate() {
             let fail = |error| PostError { index, error };
             self.check_wqe(&w).map_err(fail)?;

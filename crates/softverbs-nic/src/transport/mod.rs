@@ -58,6 +58,10 @@ pub(crate) trait Transport {
         qpn: u32,
     ) -> Option<Reached<'p, Self::Target>>;
 
+    /// A request to the remembered responder `peer` is coming: start fetching what reaching
+    /// it reads.
+    fn warm(&self, peer: &Self::Peer);
+
     /// UD: QP `qpn` where `ah` leads, found for one message.
     fn ud_responder(&self, ah: &Ah, qpn: u32) -> Option<Self::Target>;
 
@@ -97,6 +101,11 @@ impl Deliver for Qp {
         qpn: u32,
     ) -> Option<Reached<'p, Self::Target>> {
         SameHost.responder(peer, av, dev, qpn)
+    }
+
+    #[inline]
+    fn warm(&self, peer: &Self::Peer) {
+        SameHost.warm(peer)
     }
 
     #[inline]

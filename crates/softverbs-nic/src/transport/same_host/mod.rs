@@ -94,15 +94,18 @@ impl Transport for SameHost {
         }
         match peer.as_ref()? {
             CachedPeer::Local(w) => Some(Reached::Found(Target::Local(w.upgrade()?))),
-            CachedPeer::Remote(t) => {
-                // Among thousands of connections its lines are rarely in cache: the Arc
-                // clone this lending replaced fetched the first one early, and without that
-                // 65,536 QPs round-robin ran 20% slower.
-                if let Target::Remote(r) = t {
-                    r.prefetch();
-                }
-                Some(Reached::Lent(t))
-            }
+            CachedPeer::Remote(t) => Some(Reached::Lent(t)),
+        }
+    }
+
+    #[inline]
+    fn warm(&self, peer: &CachedPeer) {
+        // Among thousands of connections its lines are rarely in cache: the Arc clone that
+        // lending replaced fetched the first one early, and without that 65,536 QPs
+        // round-robin ran 20% slower. Warmed as the send lock is taken, the fetch overlaps
+        // the checks of the request and of its local side.
+        if let CachedPeer::Remote(Target::Remote(r)) = peer {
+            r.prefetch();
         }
     }
 
