@@ -159,11 +159,11 @@ impl RemoteQp {
         self.ctx.get()
     }
 
-    /// Starts fetching what a request reads of it: its leading line and the context's state
-    /// line.
+    /// Starts fetching what a request reads of it: its leading line (`ctx` starts it) and
+    /// the context's state line; not the rest, which a request does not read.
     #[inline]
     pub(crate) fn prefetch(&self) {
-        prefetch::read(self);
+        prefetch::read(&self.ctx);
         prefetch::read(&self.ctx().state);
     }
 
