@@ -101,6 +101,11 @@ impl Segment {
                 "peer segment outside its file".into(),
             ));
         }
+        // Every segment starts on an arena unit; one that does not is the peer's garbage,
+        // and the typed views of it (`at`, `slice`) would panic on its misalignment.
+        if offset % arena::UNIT != 0 {
+            return Err(Error::InvalidArgument("peer segment misaligned".into()));
+        }
         Ok(Segment::view(chunk, offset, len, None))
     }
 
@@ -267,6 +272,21 @@ mod tests {
     fn out_of_bounds_layout_is_caught() {
         let seg = Segment::create("test", 64).unwrap();
         let _ = seg.slice::<AtomicU64>(seg.len() - 8, 2);
+    }
+
+    /// A peer that names a segment off an arena unit gets an error, not a panic in this
+    /// process's first typed read of it.
+    #[test]
+    fn a_misaligned_peer_segment_is_refused() {
+        use std::os::fd::AsRawFd;
+        let seg = Segment::create("test", 1024).unwrap();
+        let (me, fd, ino) = (std::process::id(), seg.fd().as_raw_fd(), seg.inode());
+        let at = seg.offset();
+        assert!(Segment::open_peer(me, fd, ino, at, 512).is_ok());
+        match Segment::open_peer(me, fd, ino, at + 4, 64) {
+            Err(e) => assert!(e.to_string().contains("misaligned"), "{e}"),
+            Ok(_) => panic!("a segment 4 bytes off its unit was opened"),
+        }
     }
 
     #[test]
