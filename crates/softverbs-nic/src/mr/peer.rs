@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::mr::access::Span;
 use crate::mr::keys::Pin;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 
 /// The other processes' `memfd`s mapped so far, by (owner pid, descriptor, inode).
 #[derive(Default)]
@@ -16,14 +16,17 @@ pub(crate) struct PeerMemory {
     /// The first files mapped, found without a lock: the QPs of a peer process mostly reach
     /// a few of its files (a lock and a hash per operation were 7% of a 64-byte WRITE).
     first: [std::sync::OnceLock<(FileId, Arc<Segment>)>; LOCK_FREE_FILES],
-    maps: Mutex<HashMap<FileId, Arc<Segment>>>,
+    /// All of them; read-locked, so that the threads of a process whose QPs reach more
+    /// files than `first` holds do not queue behind each other.
+    maps: RwLock<HashMap<FileId, Arc<Segment>>>,
 }
 
 /// A process's file: its pid, the descriptor number there, the inode.
 type FileId = (u32, i32, u64);
 
-/// Files of a [`PeerMemory`] found without its lock.
-const LOCK_FREE_FILES: usize = 4;
+/// Files of a [`PeerMemory`] found without its lock (one is the common case: a scan stops
+/// at the first slot that matches or is empty).
+const LOCK_FREE_FILES: usize = 16;
 
 impl PeerMemory {
     /// Where `len` bytes at the owner's address `host` of the pinned region are for this
@@ -52,7 +55,15 @@ impl PeerMemory {
                 None => break,
             }
         }
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(seg) = self
+            .maps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return within(seg);
+        }
+        let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
         if let Some(seg) = maps.get(&key) {
             return within(seg);
         }
