@@ -295,7 +295,7 @@ mod tests {
         let head: Head<AtomicU64> = Head::new(seg.clone());
         head.get().store(9, Ordering::Relaxed);
         assert_eq!(seg.at::<AtomicU64>(0).load(Ordering::Relaxed), 9);
-        // It keeps the mapping: the value is still there once the segment is its alone.
+        // It keeps the mapping: the value is still there once it alone holds the segment.
         drop(seg);
         assert_eq!(head.get().load(Ordering::Relaxed), 9);
         let tiny = Arc::new(Segment::create("test", 4).unwrap());
