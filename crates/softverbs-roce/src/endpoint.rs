@@ -7,7 +7,7 @@
 //! socket and a clock in the NIC, the simulator in tests.
 
 use crate::Time;
-use crate::transport::{Event, Memory, Qp, QpConfig};
+use crate::transport::{Event, Linger, Memory, Qp, QpConfig};
 use crate::wire::{Datagram, IpRepr, WireError, emit_datagram};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
@@ -27,7 +27,14 @@ pub struct EndpointCounters {
     pub not_ours: u64,
     /// For a QP number this endpoint does not have.
     pub unknown_qp: u64,
+    /// Retransmissions to a QP destroyed a moment ago, of messages it had received, that
+    /// were acknowledged again (see [`Linger`]).
+    pub lingering_acks: u64,
 }
+
+/// Destroyed QPs remembered at most: beyond it the oldest are forgotten, so that a program
+/// destroying QPs in a loop costs bounded memory.
+const MAX_LINGERING: usize = 4096;
 
 /// Adding a QP failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +56,11 @@ pub struct Endpoint<M: Memory> {
     /// identification 0, which Linux gives don't-fragment datagrams of unconnected sockets).
     kernel_port: Option<u16>,
     qps: BTreeMap<u32, Qp>,
+    /// QPs destroyed lately, by number, and their numbers oldest first.
+    lingering: BTreeMap<u32, Linger>,
+    lingering_order: VecDeque<(u32, Time)>,
+    /// Those with an ACK to send.
+    lingering_due: VecDeque<u32>,
     /// The host's registered memory, which its QPs reach.
     pub mem: M,
     counters: EndpointCounters,
@@ -72,6 +84,9 @@ impl<M: Memory> Endpoint<M> {
             more: Vec::new(),
             kernel_port: None,
             qps: BTreeMap::new(),
+            lingering: BTreeMap::new(),
+            lingering_order: VecDeque::new(),
+            lingering_due: VecDeque::new(),
             mem,
             counters: EndpointCounters::default(),
             turn: VecDeque::new(),
@@ -170,6 +185,7 @@ impl<M: Memory> Endpoint<M> {
         if self.qps.contains_key(&qpn) {
             return Err(EndpointError::QpnTaken(qpn));
         }
+        self.lingering.remove(&qpn);
         self.qps.insert(qpn, Qp::new(cfg));
         self.turn.push_back(qpn);
         Ok(())
@@ -180,6 +196,38 @@ impl<M: Memory> Endpoint<M> {
         self.turn.retain(|&q| q != qpn);
         self.events.retain(|(q, _)| *q != qpn);
         self.qps.remove(&qpn)
+    }
+
+    /// Removes QP `qpn` as `ibv_destroy_qp` does: it goes, and for a while its peer's
+    /// retransmissions of what it had received are still acknowledged ([`Linger`]).
+    pub fn retire_qp(&mut self, now: Time, qpn: u32) -> Option<Qp> {
+        let qp = self.remove_qp(qpn)?;
+        while let Some(&(old, until)) = self.lingering_order.front() {
+            // An entry of a number that lingers again since is stale: only the newest counts.
+            let current = self.lingering.get(&old).is_some_and(|l| l.until() == until);
+            let room = self.lingering.len() < MAX_LINGERING
+                && self.lingering_order.len() < 2 * MAX_LINGERING;
+            if current && until > now && room {
+                break;
+            }
+            self.lingering_order.pop_front();
+            if current {
+                self.lingering.remove(&old);
+            }
+        }
+        if let Some(l) = qp.linger(now) {
+            if l.ack_due() {
+                self.lingering_due.push_back(qpn);
+            }
+            self.lingering_order.push_back((qpn, l.until()));
+            self.lingering.insert(qpn, l);
+        }
+        Some(qp)
+    }
+
+    /// Destroyed QPs whose peers' retransmissions are still answered.
+    pub fn lingering(&self) -> usize {
+        self.lingering.len()
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
@@ -233,7 +281,21 @@ impl<M: Memory> Endpoint<M> {
             return;
         }
         let Some(qp) = self.qps.get_mut(&d.headers.bth.dest_qp) else {
-            self.counters.unknown_qp += 1;
+            let qpn = d.headers.bth.dest_qp;
+            match self.lingering.get_mut(&qpn) {
+                Some(l) => {
+                    let was_due = l.ack_due();
+                    if l.handle_packet(now, &d) {
+                        self.counters.lingering_acks += 1;
+                        if !was_due {
+                            self.lingering_due.push_back(qpn);
+                        }
+                    } else {
+                        self.counters.unknown_qp += 1;
+                    }
+                }
+                None => self.counters.unknown_qp += 1,
+            }
             return;
         };
         qp.handle_packet(now, &mut self.mem, &d);
@@ -242,15 +304,26 @@ impl<M: Memory> Endpoint<M> {
 
     /// The next datagram to send, written into `buf`: its destination and length.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(IpAddr, usize)> {
-        for _ in 0..self.turn.len() {
-            let qpn = self.turn.pop_front()?;
-            self.turn.push_back(qpn);
-            let Some(qp) = self.qps.get_mut(&qpn) else {
-                continue;
+        let mut due = None;
+        while due.is_none()
+            && let Some(q) = self.lingering_due.pop_front()
+        {
+            due = self.lingering.get_mut(&q).and_then(Linger::poll_transmit);
+        }
+        for _ in 0..self.turn.len() + 1 {
+            let t = if let Some(t) = due.take() {
+                t
+            } else {
+                let qpn = self.turn.pop_front()?;
+                self.turn.push_back(qpn);
+                let Some(qp) = self.qps.get_mut(&qpn) else {
+                    continue;
+                };
+                let t = qp.poll_transmit(now, &self.mem, &mut self.payload);
+                Self::drain_events(qp, &mut self.events);
+                let Some(t) = t else { continue };
+                t
             };
-            let t = qp.poll_transmit(now, &self.mem, &mut self.payload);
-            Self::drain_events(qp, &mut self.events);
-            let Some(t) = t else { continue };
             let Some(mut ip) = IpRepr::between(self.source_for(t.dst), t.dst) else {
                 continue;
             };

@@ -5,6 +5,7 @@ use softverbs_roce::Time;
 use softverbs_roce::endpoint::Endpoint;
 use softverbs_roce::sim::{Faults, HostId, LinkConfig, Network, ScheduledFault};
 use softverbs_roce::transport::*;
+use softverbs_roce::wire::{Bth, Headers, IpRepr, Op, Opcode, Psn, Transport, emit_datagram};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -650,18 +651,101 @@ fn reads_and_atomics_in_flight_are_limited_by_max_rd_atomic() {
 }
 
 #[test]
-fn retry_cnt_7_retries_for_as_long_as_it_takes() {
+fn retry_cnt_7_is_seven_retries_not_forever() {
+    // IBTA and ConnectX: only rnr_retry 7 means forever (soft-RoCE alone retries forever).
     let mut p = pair(QpType::Rc, |c| {
         c.retry_cnt = 7;
         c.timeout = 2;
     });
-    // Down for 200 timeouts' worth, then back.
-    p.net.partition(p.a, p.b, Time(0), Time(200 * 16_384));
+    p.net.partition(p.a, p.b, Time(0), Time(u64::MAX));
     p.recv(p.b, 1, 0, 64);
     p.send(p.a, send_wr(1, 0, 16));
     p.run();
-    assert_eq!(p.completions(p.a, false)[0].status, WcStatus::Success);
-    assert!(p.counters(p.a).timeouts > 100, "{:?}", p.counters(p.a));
+    assert_eq!(p.completions(p.a, false)[0].status, WcStatus::RetryExcErr);
+    assert_eq!(p.counters(p.a).timeouts, 8, "{:?}", p.counters(p.a));
+    assert_eq!(p.net.link_counters(p.a, p.b).sent.datagrams, 8);
+}
+
+/// A sends one SEND to B, B's ACK of it is lost, and B's QP goes (`retire`: destroyed as
+/// `ibv_destroy_qp` does; else only removed) before A retransmits. Returns A's completions.
+fn ack_lost_then_destroyed(retire: bool) -> (Pair, Vec<Completion>) {
+    let mut p = pair(QpType::Rc, |c| {
+        c.timeout = 4;
+        c.retry_cnt = 3;
+    });
+    p.net.add_fault(p.b, p.a, ScheduledFault::DropNth(0));
+    p.recv(p.b, 1, 0, 64);
+    p.send(p.a, send_wr(9, 0, 16));
+    // The SEND arrives after 2 µs; A's first timeout is at 65 µs.
+    p.net.run_until(Time(20_000)).unwrap();
+    assert_eq!(p.ep(p.b).qp(QB).unwrap().expected_psn(), Psn::new(1));
+    let now = p.net.now();
+    if retire {
+        p.ep(p.b).retire_qp(now, QB).unwrap();
+    } else {
+        p.ep(p.b).remove_qp(QB).unwrap();
+    }
+    p.run();
+    let c = p.completions(p.a, false);
+    (p, c)
+}
+
+#[test]
+fn a_destroyed_qp_acknowledges_again_what_it_had_received() {
+    let (mut p, c) = ack_lost_then_destroyed(true);
+    assert_eq!((c[0].wr_id, c[0].status), (9, WcStatus::Success));
+    assert_eq!(p.counters(p.a).timeouts, 1);
+    assert_eq!(p.ep(p.b).counters().lingering_acks, 1);
+    assert_eq!(p.ep(p.b).lingering(), 1);
+    // What the QP never received is not acknowledged: a new SEND fails as to a QP that is
+    // gone, after its retries.
+    p.send(p.a, send_wr(10, 0, 16));
+    p.run();
+    let c = p.completions(p.a, false);
+    assert_eq!((c[1].wr_id, c[1].status), (10, WcStatus::RetryExcErr));
+    assert_eq!(p.ep(p.b).counters().lingering_acks, 1);
+    assert_eq!(p.ep(p.b).counters().unknown_qp, 4);
+}
+
+#[test]
+fn a_qp_only_removed_leaves_its_peer_retrying_to_failure() {
+    // The same run with the QP removed, not destroyed: what lingering changes.
+    let (mut p, c) = ack_lost_then_destroyed(false);
+    assert_eq!((c[0].wr_id, c[0].status), (9, WcStatus::RetryExcErr));
+    assert_eq!(p.ep(p.b).counters().lingering_acks, 0);
+    assert_eq!(p.ep(p.b).lingering(), 0);
+}
+
+#[test]
+fn a_lingering_qp_answers_its_peer_only_and_not_for_long() {
+    let (mut p, _) = ack_lost_then_destroyed(true);
+    let now = p.net.now();
+    let dup = |src: IpAddr| {
+        let opcode = Opcode::new(Transport::Rc, Op::SendOnly).unwrap();
+        let mut bth = Bth::new(opcode, QB, Psn::new(0));
+        bth.ack_req = true;
+        let h = Headers::new(bth);
+        let ip = IpRepr::between(src, ip(2)).unwrap();
+        let mut buf = vec![0; 256];
+        let n = emit_datagram(&ip, 0xc001, &h, &[0; 16], &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    let b = p.ep(p.b);
+    let before = *b.counters();
+    // A third host's copy of the peer's duplicate: dropped, nothing to send.
+    b.handle_datagram(now, &dup(ip(9)));
+    assert_eq!(b.counters().unknown_qp, before.unknown_qp + 1);
+    assert_eq!(b.poll_transmit(now, &mut [0; 4096]), None);
+    // The peer's own: answered.
+    b.handle_datagram(now, &dup(ip(1)));
+    assert_eq!(b.counters().lingering_acks, before.lingering_acks + 1);
+    assert!(b.poll_transmit(now, &mut [0; 4096]).is_some());
+    // Twice the retry budget (4 timeouts of 65 µs) is under a second: it lasts 1 s.
+    let later = now.after(Duration::from_millis(1001));
+    b.handle_datagram(later, &dup(ip(1)));
+    assert_eq!(b.counters().lingering_acks, before.lingering_acks + 1);
+    assert_eq!(b.poll_transmit(later, &mut [0; 4096]), None);
 }
 
 #[test]

@@ -12,7 +12,8 @@
 //! What the IBTA specification (and the kernel's soft-RoCE, which peers expect) asks, each
 //! with its completion status: segmentation at the path MTU; ACK requests on the last packet
 //! of a message and every few packets; ACK coalescing; go-back-N on a PSN sequence error NAK
-//! and on the retransmit timeout (4.096 µs × 2^`timeout`, `retry_cnt` retries, 7 = forever);
+//! and on the retransmit timeout (4.096 µs × 2^`timeout`, `retry_cnt` retries: 7 is seven, as
+//! on a ConnectX; soft-RoCE alone reads it as forever);
 //! duplicate detection on the responder, with a fresh ACK; RDMA READ responses replayed from
 //! `max_dest_rd_atomic` responder resources, READs and atomics limited to `max_rd_atomic` in
 //! flight; atomics executed once, a duplicate answered from the saved original value; RNR NAK
@@ -20,12 +21,14 @@
 //! request and remote operation errors to the verbs statuses, both QPs to the error state;
 //! UC dropping to the next first/only packet; UD checking the Q_Key and placing the GRH.
 
+mod linger;
 mod memory;
 mod qp;
 mod requester;
 mod responder;
 mod timers;
 
+pub use linger::Linger;
 pub use memory::{Access, AtomicOp, MemError, Memory, MemoryModel, Region};
 pub use qp::{Qp, Transmit};
 pub use timers::{rnr_timer, transport_timeout};
@@ -92,7 +95,8 @@ pub struct QpConfig {
     pub pmtu: u32,
     /// Local ACK timeout exponent: 4.096 µs × 2^timeout; 0 waits forever.
     pub timeout: u8,
-    /// Retransmissions after a timeout or a sequence error NAK (7: forever).
+    /// Retransmissions after a timeout or a sequence error NAK: IBTA gives 7 no special
+    /// meaning, unlike `rnr_retry`'s. The verbs take 0 to 7; the core takes any count.
     pub retry_cnt: u8,
     /// Retries after RNR NAKs (7: forever).
     pub rnr_retry: u8,

@@ -1,6 +1,7 @@
 //! One queue pair: the requester and the responder side by side, the state they share, and
 //! the sans-IO surface the caller drives.
 
+use super::linger::Linger;
 use super::requester::Requester;
 use super::responder::Responder;
 use super::{
@@ -163,6 +164,22 @@ impl Qp {
     /// The PSN the responder expects next (`rq_psn` as `ibv_query_qp` reports it).
     pub fn expected_psn(&self) -> Psn {
         self.resp.expected_psn()
+    }
+
+    /// What this QP, destroyed at `now`, leaves to answer its peer's retransmissions of what
+    /// it had received: `None` unless it is a connected RC or XRC QP not in the error state.
+    pub fn linger(&self, now: Time) -> Option<Linger> {
+        if self.shared.state == QpState::Err {
+            return None;
+        }
+        Linger::new(
+            &self.shared.cfg,
+            self.shared.src_port(),
+            self.resp.expected_psn(),
+            self.resp.msn(),
+            self.resp.ack_queued(),
+            now,
+        )
     }
 
     /// The oldest PSN the requester has not had acknowledged, and one past the newest it

@@ -226,7 +226,7 @@ impl Requester {
             return;
         }
         s.counters.timeouts += 1;
-        if !self.use_retry(s.cfg.retry_cnt) {
+        if !self.use_retry() {
             self.fail_front(s, WcStatus::RetryExcErr);
             return;
         }
@@ -234,11 +234,8 @@ impl Requester {
         self.went_back_to = None;
     }
 
-    /// Takes one retry of the budget; false when it is spent (7 never runs out).
-    fn use_retry(&mut self, configured: u8) -> bool {
-        if configured >= 7 {
-            return true;
-        }
+    /// Takes one retry of the budget; false when it is spent.
+    fn use_retry(&mut self) -> bool {
         if self.retry_left == 0 {
             return false;
         }
@@ -297,7 +294,7 @@ impl Requester {
         if self.went_back_to == Some(psn) {
             return;
         }
-        if !self.use_retry(s.cfg.retry_cnt) {
+        if !self.use_retry() {
             self.fail_front(s, WcStatus::RetryExcErr);
             return;
         }

@@ -115,6 +115,16 @@ impl Responder {
         self.epsn
     }
 
+    /// Messages completed, as the next AETH carries them.
+    pub fn msn(&self) -> u32 {
+        self.msn
+    }
+
+    /// An ACK is waiting to be sent.
+    pub fn ack_queued(&self) -> bool {
+        self.replies.iter().any(|r| matches!(r, Reply::Ack { .. }))
+    }
+
     pub fn posted(&self) -> usize {
         self.rq.len()
     }

@@ -903,7 +903,8 @@ impl Engine {
                 if let Some(qp) = self.ep.qp(qpn) {
                     add_counters(&mut self.totals.gone, qp.counters());
                 }
-                self.ep.remove_qp(qpn);
+                let now = self.now();
+                self.ep.retire_qp(now, qpn);
             }
         }
     }
@@ -1329,7 +1330,7 @@ impl Engine {
         );
         // QP1's packets never reach the endpoint; the totals are the host's all the same.
         let g = &self.gsi.counts;
-        let rows: [(&str, u64); 31] = [
+        let rows: [(&str, u64); 32] = [
             ("sent_pkts", c.datagrams_sent + g.wire_sent),
             ("rcvd_pkts", c.datagrams_received + g.wire_received),
             ("sent_bytes", c.bytes_sent + g.wire_sent_bytes),
@@ -1348,6 +1349,7 @@ impl Engine {
             ("dropped_malformed", c.malformed),
             ("dropped_not_ours", c.not_ours),
             ("dropped_unknown_qp", c.unknown_qp),
+            ("destroyed_qp_reacks", c.lingering_acks),
             ("dropped_by_qp", qc.dropped),
             ("dropped_send_failed", self.totals.send_failures),
             ("bad_wqes", self.totals.bad_wqes),
