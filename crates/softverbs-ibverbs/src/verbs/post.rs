@@ -169,6 +169,32 @@ pub(super) unsafe fn send_wqe(w: &ibv_send_wr, cap: &QpCap) -> Result<SendWqe<'s
     })
 }
 
+/// Where `q` (converted from `w`) goes beyond the QP's connection: an XRC initiator's SRQ
+/// number, a UD request's address handle.
+///
+/// # Safety
+/// `w` is a valid WR for QP `sv`.
+unsafe fn address(sv: &SvQp, w: &ibv_send_wr, q: &mut SendWqe<'_>) -> Result<()> {
+    match sv.nic.qp_type() {
+        QpType::XrcSend => q.xrc_srqn = w.qp_type,
+        QpType::Ud => {
+            // SAFETY: a UD WR's `wr.ud` names an address handle of ours (or NULL).
+            let ud = unsafe { w.wr.ud };
+            if ud.ah.is_null() {
+                return Err(Error::InvalidArgument("UD send without an AH".into()));
+            }
+            q.ud = Some(UdDest {
+                // SAFETY: as above.
+                ah: unsafe { &*(ud.ah as *const SvAh) }.nic.clone(),
+                remote_qpn: ud.remote_qpn,
+                remote_qkey: ud.remote_qkey,
+            });
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 pub(super) unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
@@ -188,26 +214,13 @@ pub(super) unsafe extern "C" fn post_send(
         // SAFETY: the caller's linked list of valid WRs.
         let w = unsafe { &*cur };
         // SAFETY: as above.
-        let conv = unsafe { send_wqe(w, &cap) }.and_then(|mut q| {
-            if sv.nic.qp_type() == QpType::XrcSend {
-                q.xrc_srqn = w.qp_type;
-            }
-            if sv.nic.qp_type() == QpType::Ud {
-                // SAFETY: a UD WR's `wr.ud` names an address handle of ours (or NULL).
-                let ud = unsafe { w.wr.ud };
-                if ud.ah.is_null() {
-                    return Err(Error::InvalidArgument("UD send without an AH".into()));
-                }
-                q.ud = Some(UdDest {
-                    // SAFETY: as above.
-                    ah: unsafe { &*(ud.ah as *const SvAh) }.nic.clone(),
-                    remote_qpn: ud.remote_qpn,
-                    remote_qkey: ud.remote_qkey,
-                });
-            }
-            Ok(q)
-        });
-        let posted = conv.and_then(|q| sv.nic.post_send(std::iter::once(q)).map_err(|e| e.error));
+        let mut conv = unsafe { send_wqe(w, &cap) };
+        // Bound in place: the request is posted where it was built (see `Qp::post_one`).
+        let posted = match conv {
+            // SAFETY: as above.
+            Ok(ref mut q) => unsafe { address(sv, w, q) }.and_then(|()| sv.nic.post_one(q)),
+            Err(e) => Err(e),
+        };
         if let Err(e) = posted {
             if !bad_wr.is_null() {
                 // SAFETY: the caller's out-pointer.

@@ -190,6 +190,13 @@ impl Payload<'_> {
             Payload::Inline(b) => Payload::Inline(Cow::Owned(b.into_owned())),
         }
     }
+
+    fn to_owned_payload(&self) -> Payload<'static> {
+        match self {
+            Payload::Sges(s) => Payload::Sges(Cow::Owned(s.to_vec())),
+            Payload::Inline(b) => Payload::Inline(Cow::Owned(b.to_vec())),
+        }
+    }
 }
 
 /// Destination of a UD send.
@@ -232,6 +239,18 @@ impl SendWqe<'_> {
             flags: self.flags,
             payload: self.payload.into_owned(),
             ud: self.ud,
+            xrc_srqn: self.xrc_srqn,
+        }
+    }
+
+    /// An owned copy, for queueing a request posted by reference.
+    pub fn to_owned_wqe(&self) -> SendWqe<'static> {
+        SendWqe {
+            wr_id: self.wr_id,
+            op: self.op,
+            flags: self.flags,
+            payload: self.payload.to_owned_payload(),
+            ud: self.ud.clone(),
             xrc_srqn: self.xrc_srqn,
         }
     }

@@ -348,6 +348,7 @@ impl Responder for RemoteQp {
         self.gid
     }
 
+    #[inline]
     fn take_recv(&self) -> Option<RecvWqe> {
         match self.srq_id {
             Some(id) => srq_take(&self.rq, id, |ev| self.post(ev)),
@@ -356,6 +357,7 @@ impl Responder for RemoteQp {
     }
 
     /// Pushes a receive completion into the owner's CQ, signalling as the owner would.
+    #[inline]
     fn push_recv(&self, cqe: Cqe) {
         self.push_into(self.cq(), self.chan.as_deref(), cqe);
     }
