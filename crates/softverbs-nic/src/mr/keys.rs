@@ -575,6 +575,7 @@ impl KeyTable {
     /// `pd`, granting `need`, and pins it (a window's key is no local key). A region
     /// carrying a layout passes every check but answers [`KeyError::Layout`]: its bytes are
     /// reached through [`pin_layout`](Self::pin_layout).
+    #[inline]
     pub fn pin(
         &self,
         key: u32,
@@ -588,6 +589,7 @@ impl KeyTable {
 
     /// Like [`pin`](Self::pin) for an rkey a request brought to QP `qpn`: a region's key, or
     /// a bound memory window's (a type-2 window only if `qpn` bound it).
+    #[inline]
     pub fn pin_remote(
         &self,
         key: u32,
@@ -686,6 +688,7 @@ impl KeyTable {
         }
     }
 
+    #[inline]
     pub(crate) fn pin_checked(
         &self,
         key: u32,

@@ -176,6 +176,7 @@ impl Drop for Spans<'_> {
 
 /// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable. An
 /// SGE whose key is a non-contiguous layout becomes the spans of its pieces.
+#[inline]
 pub(crate) fn pin_sges<'k>(
     keys: &'k KeyTable,
     pd: u32,
@@ -234,6 +235,7 @@ pub(crate) fn pin_sges<'k>(
 /// a request that reached QP `qpn` (a region's key, or a window's); `place` says where
 /// pinned ranges are reachable. A layout key resolves to its pieces. `None` is an access
 /// error of the side that named the key.
+#[inline]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pin_range<'k>(
     keys: &'k KeyTable,
