@@ -215,7 +215,20 @@ impl QueuePair {
         &self,
         wrs: impl IntoIterator<Item = SendWr<'a>>,
     ) -> Result<(), PostError> {
-        self.inner.post_send(wrs.into_iter().map(SendWr::to_wqe))
+        let mut wrs = wrs.into_iter();
+        let Some(first) = wrs.next() else {
+            return Ok(());
+        };
+        let mut rest = wrs.peekable();
+        if rest.peek().is_none() {
+            // The usual single request, posted where it is converted (see `post_one`).
+            return self
+                .inner
+                .post_one(&first.to_wqe())
+                .map_err(|error| PostError { index: 0, error });
+        }
+        self.inner
+            .post_send(std::iter::once(first).chain(rest).map(SendWr::to_wqe))
     }
 
     /// `ibv_attach_mcast`: attaches this UD QP to the multicast group `mgid` (`mlid`: the
