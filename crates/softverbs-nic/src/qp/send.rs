@@ -176,10 +176,7 @@ impl Qp {
         &self,
         wqes: impl IntoIterator<Item = SendWqe<'a>>,
     ) -> Result<(), PostError> {
-        let mut st = lock(&self.send);
-        if let Some(peer) = &st.peer {
-            self.warm(peer);
-        }
+        let mut st = self.lock_send();
         for (index, w) in wqes.into_iter().enumerate() {
             self.post_locked(&mut st, &w)
                 .map_err(|error| PostError { index, error })?;
@@ -191,11 +188,17 @@ impl Qp {
     /// single request, which is never moved (a request is over a hundred bytes, and moving it
     /// through an iterator cost a 64-byte WRITE about 8% of its instructions).
     pub fn post_one(&self, w: &SendWqe<'_>) -> Result<()> {
-        let mut st = lock(&self.send);
+        let mut st = self.lock_send();
+        self.post_locked(&mut st, w)
+    }
+
+    /// The send lock, for posting: the connected peer's lines are fetched meanwhile.
+    fn lock_send(&self) -> MutexGuard<'_, SendState> {
+        let st = lock(&self.send);
         if let Some(peer) = &st.peer {
             self.warm(peer);
         }
-        self.post_locked(&mut st, w)
+        st
     }
 
     fn post_locked(&self, st: &mut SendState, w: &SendWqe<'_>) -> Result<()> {

@@ -184,13 +184,6 @@ impl Payload<'_> {
         self.len() == 0
     }
 
-    fn into_owned(self) -> Payload<'static> {
-        match self {
-            Payload::Sges(s) => Payload::Sges(Cow::Owned(s.into_owned())),
-            Payload::Inline(b) => Payload::Inline(Cow::Owned(b.into_owned())),
-        }
-    }
-
     fn to_owned_payload(&self) -> Payload<'static> {
         match self {
             Payload::Sges(s) => Payload::Sges(Cow::Owned(s.to_vec())),
@@ -232,18 +225,6 @@ pub struct SendWqe<'a> {
 
 impl SendWqe<'_> {
     /// A copy that owns its SGE list or inline bytes, for queueing past the post call.
-    pub fn into_owned(self) -> SendWqe<'static> {
-        SendWqe {
-            wr_id: self.wr_id,
-            op: self.op,
-            flags: self.flags,
-            payload: self.payload.into_owned(),
-            ud: self.ud,
-            xrc_srqn: self.xrc_srqn,
-        }
-    }
-
-    /// An owned copy, for queueing a request posted by reference.
     pub fn to_owned_wqe(&self) -> SendWqe<'static> {
         SendWqe {
             wr_id: self.wr_id,

@@ -11,9 +11,10 @@
 
 use super::QpConfig;
 use super::qp::Transmit;
+use super::responder::with_aeth;
 use super::timers::transport_timeout;
 use crate::Time;
-use crate::wire::{Aeth, Bth, Datagram, Headers, Op, Opcode, Psn, Transport};
+use crate::wire::{Aeth, Datagram, Op, Opcode, Psn, Transport};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -104,9 +105,8 @@ impl Linger {
             return None;
         }
         let opcode = Opcode::new(self.transport, Op::Ack)?;
-        let mut h = Headers::new(Bth::new(opcode, self.dest_qp, self.epsn.sub(1)));
+        let mut h = with_aeth(opcode, self.dest_qp, self.epsn.sub(1), Aeth::ack(self.msn));
         h.bth.pkey = self.pkey;
-        h.aeth = Some(Aeth::ack(self.msn));
         Some(Transmit {
             dst: self.peer,
             src_port: self.src_port,

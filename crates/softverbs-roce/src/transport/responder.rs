@@ -785,7 +785,7 @@ fn recv_done(s: &Shared, wqe: &RecvWr, status: WcStatus, opcode: WcOpcode) -> su
     c
 }
 
-fn with_aeth(opcode: Opcode, dest_qp: u32, psn: Psn, aeth: Aeth) -> Headers {
+pub(super) fn with_aeth(opcode: Opcode, dest_qp: u32, psn: Psn, aeth: Aeth) -> Headers {
     let mut h = Headers::new(Bth::new(opcode, dest_qp, psn));
     h.aeth = Some(aeth);
     h
