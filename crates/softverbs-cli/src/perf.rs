@@ -120,7 +120,8 @@ pub struct Args {
     #[arg(long, requires = "net", hide = true)]
     pub(crate) baselines_only: bool,
     /// The two CPUs the two processes run on (same host), this one's first [default: the first two this
-    /// process may use]: baselines and RDMA figures are measured on the same pair.
+    /// process may use]: baselines and RDMA figures are measured on the same pair. With
+    /// --net, host A's CPU and host B's (each end and the RoCE engine it starts).
     #[arg(long, value_name = "A,B")]
     pub(crate) cpus: Option<String>,
 }

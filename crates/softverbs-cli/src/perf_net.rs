@@ -98,6 +98,9 @@ pub struct NetPeerArgs {
     /// How the ends run ("network namespaces" or "same host"), for the report.
     #[arg(long)]
     mode: String,
+    /// The CPU this end (and the RoCE engine it starts, which inherits it) runs on.
+    #[arg(long)]
+    cpu: usize,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -207,6 +210,10 @@ struct NetReport {
     mtu: u32,
     quick: bool,
     cpus: usize,
+    /// The CPU each host's processes run on (its end, and the engine it starts): host A's
+    /// first.
+    cpu_pair: [usize; 2],
+    cpu_model: String,
     hosts: [NetHost; 2],
     /// The two ends' process ids (the measuring one first).
     pids: [u32; 2],
@@ -237,9 +244,9 @@ impl NetReport {
         };
         let _ = writeln!(
             t,
-            "perf --net: {}, {} ({} <-> {}, MTU {}; pids {} and {}, {} CPU{}); latency = half a \
-             round trip (p50); targets: latency <= {LAT_TARGET:.1}x UDP, bandwidth >= \
-             {BW_TARGET:.2}x UDP (* = missed)",
+            "perf --net: {}, {} ({} <-> {}, MTU {}; pids {} and {}, each host on a CPU of its \
+             own: {} and {} of {}; {}); latency = half a round trip (p50); targets: latency <= \
+             {LAT_TARGET:.1}x UDP, bandwidth >= {BW_TARGET:.2}x UDP (* = missed)",
             self.device,
             self.mode,
             host(&self.hosts[0]),
@@ -247,8 +254,10 @@ impl NetReport {
             self.mtu,
             self.pids[0],
             self.pids[1],
+            self.cpu_pair[0],
+            self.cpu_pair[1],
             self.cpus,
-            if self.cpus == 1 { "" } else { "s" }
+            self.cpu_model,
         );
         for (name, fig) in [
             ("RDMA WRITE", &self.rdma_write_latency),
@@ -415,6 +424,9 @@ fn lines_of(child: &mut Child) -> Result<mpsc::Receiver<String>> {
 /// `perf --net` (the user's process).
 pub fn run(args: &Args) -> Result<()> {
     Plan::from_counts(args.iters, args.quick)?; // bad counts fail before anything is made
+    // Each host on a CPU of its own, baselines and RDMA alike: where the scheduler puts the
+    // processes otherwise moves every figure several times over from run to run.
+    let pair = crate::report::cpu_pair(args.cpus.as_deref())?;
     let mtu = args.mtu.unwrap_or(1500);
     if !netns::MTU_RANGE.contains(&mtu) {
         return Err(format!(
@@ -446,7 +458,7 @@ pub fn run(args: &Args) -> Result<()> {
         (None, false) => NET_DEVICE.into(),
     };
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
-    let command = |h: Option<&HostNs>, role: &str| {
+    let command = |h: Option<&HostNs>, role: &str, cpu: usize| {
         let mut cmd = match h {
             Some(h) => h.command(&exe),
             None => Command::new(&exe),
@@ -455,6 +467,7 @@ pub fn run(args: &Args) -> Result<()> {
             .args(["--role", role, "--ip", &ip(h).to_string()])
             .args(["--parent", &std::process::id().to_string()])
             .args(["--mtu", &mtu.to_string(), "--mode", mode])
+            .args(["--cpu", &cpu.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -488,7 +501,7 @@ pub fn run(args: &Args) -> Result<()> {
         Ok(End { child, name })
     };
 
-    let mut a = spawn(command(hosts[0], "measure"), "measuring")?;
+    let mut a = spawn(command(hosts[0], "measure", pair[0]), "measuring")?;
     let out = lines_of(&mut a.child)?;
     let port: u16 = match out.recv_timeout(START_TIMEOUT) {
         Ok(line) => serde_json::from_str::<serde_json::Value>(&line)
@@ -500,7 +513,7 @@ pub fn run(args: &Args) -> Result<()> {
             return Err(format!("the measuring end did not start{}", a.kill()).into());
         }
     };
-    let mut b_cmd = command(hosts[1], "serve");
+    let mut b_cmd = command(hosts[1], "serve", pair[1]);
     b_cmd.args([
         "--connect",
         &SocketAddr::from((ip(hosts[0]), port)).to_string(),
@@ -538,6 +551,7 @@ pub fn run(args: &Args) -> Result<()> {
         };
     }
     report.device = device_name;
+    report.cpu_pair = pair;
     let a_done = a.finish();
     let b_done = b.finish();
     if report.error.is_none() {
@@ -568,6 +582,8 @@ pub fn run_peer(args: &NetPeerArgs) -> Result<()> {
         );
     }
     let plan = Plan::from_counts(args.iters, args.quick)?;
+    // Before any thread starts (and before the engine, which inherits it).
+    crate::report::pin_to(args.cpu)?;
     match args.role {
         Role::Measure => measure_end(args, &plan),
         Role::Serve => serve_end(args),
@@ -610,6 +626,7 @@ fn measure_end(args: &NetPeerArgs, plan: &Plan) -> Result<()> {
         mtu: args.mtu,
         quick: args.quick,
         cpus: crate::report::cpus(),
+        cpu_model: crate::report::cpu_model(),
         pids: [std::process::id(), 0],
         bandwidth_writer_sleeps: crate::perf::net_writer_sleeps(),
         ..NetReport::default()

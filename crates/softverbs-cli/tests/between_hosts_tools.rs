@@ -619,6 +619,60 @@ fn one_percent_loss_each_way_is_recovered() {
     println!("softverbs pingpong under 1% loss, client:\n{client}");
 }
 
+/// Bulk traffic is batched: 64 KiB messages each way (`ibv_rc_pingpong -s 65536 -c`, which
+/// checks every byte it receives) leave each engine in GSO sends and arrive in GRO reads
+/// (`gso_sends`, `gro_reads`), with no ICRC error although segment `k` of a GSO send
+/// carries IPv4 identification `k`. Then A's veth takes at most one segment per packet
+/// (`gso_max_segs 1`), so the kernel cuts A's GSO sends into datagrams before the wire and
+/// B receives them one by one, their identifications unseen: B recovers each from its ICRC
+/// and still counts no ICRC error.
+#[test]
+fn bulk_traffic_is_batched_and_segments_keep_their_icrc() {
+    let Some(s) = setup("GSO and GRO between hosts", &["ibv_rc_pingpong"]) else {
+        return;
+    };
+    let mut holders = vec![
+        hold_engine(s.net.a(), "", &s.gid[0], None),
+        hold_engine(s.net.b(), "", &s.gid[1], None),
+    ];
+    let sides = Sides::default();
+    let big = ["-s", "65536", "-n", "100", "-c"];
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pingpong(&s, &sides, 18515, "ibv_rc_pingpong", &big, 100);
+        let mut before = Vec::new();
+        for h in [s.net.a(), s.net.b()] {
+            let report = nic(h);
+            let c =
+                |name: &str| counter(&report, name).unwrap_or_else(|| panic!("{name}: {report}"));
+            println!("softverbs nic on {}:\n{report}", h.netns);
+            assert!(c("gso_sends") > 0, "{report}");
+            assert!(c("gso_datagrams") > 10 * c("gso_sends"), "{report}");
+            assert!(c("gro_reads") > 0, "{report}");
+            assert_eq!(c("icrc_errors"), 0, "{report}");
+            before.push((c("rcvd_pkts"), c("gro_datagrams")));
+        }
+        s.net
+            .a()
+            .ip(&["link", "set", "dev", &s.net.a().ifname, "gso_max_segs", "1"])
+            .expect("gso_max_segs");
+        pingpong(&s, &sides, 18516, "ibv_rc_pingpong", &big, 100);
+        let report = nic(s.net.b());
+        println!("softverbs nic on B, A's sends cut by the kernel:\n{report}");
+        let c = |name: &str| counter(&report, name).unwrap_or_else(|| panic!("{name}: {report}"));
+        // 100 messages of 64 packets from A at least, none of them read in a batch.
+        assert!(c("rcvd_pkts") >= before[1].0 + 6400, "{report}");
+        assert_eq!(c("gro_datagrams"), before[1].1, "{report}");
+        assert_eq!(c("icrc_errors"), 0, "{report}");
+    }));
+    for h in &mut holders {
+        kill(h);
+        let _ = h.wait();
+    }
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
 /// The engine's capture of an `ibv_rc_pingpong` over the link-local IPv6 GIDs (index 0):
 /// clean RoCEv2, like the IPv4 ones (packets it received included: IPv6 forbids a zero UDP
 /// checksum, so the engine computes the one the wire carried when it captures).

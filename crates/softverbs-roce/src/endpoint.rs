@@ -8,6 +8,7 @@
 
 use crate::Time;
 use crate::transport::{Event, Linger, Memory, Qp, QpConfig};
+use crate::wire::icrc::IdentDeltas;
 use crate::wire::{Datagram, IpRepr, WireError, emit_datagram};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
@@ -69,6 +70,8 @@ pub struct Endpoint<M: Memory> {
     payload: Vec<u8>,
     events: VecDeque<(u32, Event)>,
     ident: u16,
+    /// The ICRC differences of IPv4 identifications a kernel socket hides.
+    idents: IdentDeltas,
     /// UD multicast: the IP multicast groups this host joined, and their QPs.
     groups: BTreeMap<IpAddr, Vec<u32>>,
 }
@@ -93,6 +96,7 @@ impl<M: Memory> Endpoint<M> {
             payload: vec![0; 4096],
             events: VecDeque::new(),
             ident: 0,
+            idents: IdentDeltas::default(),
             groups: BTreeMap::new(),
         }
     }
@@ -247,17 +251,34 @@ impl<M: Memory> Endpoint<M> {
     pub fn handle_datagram(&mut self, now: Time, bytes: &[u8]) {
         self.counters.datagrams_received += 1;
         self.counters.bytes_received += bytes.len() as u64;
-        let d = match Datagram::parse(bytes) {
-            Ok(d) => d,
-            Err(WireError::Icrc { .. }) => {
-                self.counters.icrc_errors += 1;
-                return;
-            }
-            Err(_) => {
-                self.counters.malformed += 1;
-                return;
-            }
-        };
+        match Datagram::parse(bytes) {
+            Ok(d) => self.dispatch(now, &d),
+            Err(e) => self.count_error(e),
+        }
+    }
+
+    /// A datagram arrived through a kernel UDP socket, its IP and UDP headers made again by
+    /// the receiver ([`use_kernel_headers`](Self::use_kernel_headers)) with IPv4
+    /// identification 0, which the socket does not show: the identification that explains
+    /// the ICRC, if one of a GSO send's ([`crate::wire::icrc::SEGMENT_IDENTS`]), is written
+    /// into `bytes` (so a capture of them afterwards shows the packet as it was sent).
+    pub fn handle_received(&mut self, now: Time, bytes: &mut [u8]) {
+        self.counters.datagrams_received += 1;
+        self.counters.bytes_received += bytes.len() as u64;
+        match Datagram::parse_received(bytes, &mut self.idents) {
+            Ok(d) => self.dispatch(now, &d),
+            Err(e) => self.count_error(e),
+        }
+    }
+
+    fn count_error(&mut self, e: WireError) {
+        match e {
+            WireError::Icrc { .. } => self.counters.icrc_errors += 1,
+            _ => self.counters.malformed += 1,
+        }
+    }
+
+    fn dispatch(&mut self, now: Time, d: &Datagram<'_>) {
         if let Some(members) = self.groups.get(&d.ip.dst()) {
             // A group's datagram is a copy for each member (a UD QP checks its Q_Key).
             if d.headers.bth.dest_qp != MULTICAST_QPN {
@@ -270,7 +291,7 @@ impl<M: Memory> Endpoint<M> {
                     .get_mut(&qpn)
                     .filter(|q| q.config().qp_type == crate::transport::QpType::Ud)
                 {
-                    qp.handle_packet(now, &mut self.mem, &d);
+                    qp.handle_packet(now, &mut self.mem, d);
                     Self::drain_events(qp, &mut self.events);
                 }
             }
@@ -285,7 +306,7 @@ impl<M: Memory> Endpoint<M> {
             match self.lingering.get_mut(&qpn) {
                 Some(l) => {
                     let was_due = l.ack_due();
-                    if l.handle_packet(now, &d) {
+                    if l.handle_packet(now, d) {
                         self.counters.lingering_acks += 1;
                         if !was_due {
                             self.lingering_due.push_back(qpn);
@@ -298,7 +319,7 @@ impl<M: Memory> Endpoint<M> {
             }
             return;
         };
-        qp.handle_packet(now, &mut self.mem, &d);
+        qp.handle_packet(now, &mut self.mem, d);
         Self::drain_events(qp, &mut self.events);
     }
 

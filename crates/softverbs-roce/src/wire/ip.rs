@@ -71,6 +71,23 @@ impl Ipv4Repr {
         Ok((repr, header, &bytes[ihl..total]))
     }
 
+    /// Rewrites the identification of the IPv4 header at the start of `header` (and its
+    /// checksum); false if `header` holds no IPv4 header.
+    pub fn set_ident(header: &mut [u8], ident: u16) -> bool {
+        let ihl = match header.first() {
+            Some(&b) if b >> 4 == 4 => usize::from(b & 0x0f) * 4,
+            _ => return false,
+        };
+        let Some(h) = header.get_mut(..ihl).filter(|h| h.len() >= Ipv4Repr::LEN) else {
+            return false;
+        };
+        h[4..6].copy_from_slice(&ident.to_be_bytes());
+        h[10..12].fill(0);
+        let sum = inet_checksum(&[h]);
+        h[10..12].copy_from_slice(&sum.to_be_bytes());
+        true
+    }
+
     fn emit(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize, WireError> {
         let total = Ipv4Repr::LEN + payload_len;
         let total16 = u16::try_from(total).map_err(|_| WireError::Range {

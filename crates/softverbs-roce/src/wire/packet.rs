@@ -217,10 +217,19 @@ pub struct Datagram<'a> {
     pub payload: &'a [u8],
 }
 
-impl<'a> Datagram<'a> {
-    /// Parses and checks a datagram: IP and UDP (to port 4791), the transport headers, and
-    /// the ICRC.
-    pub fn parse(bytes: &'a [u8]) -> Result<Datagram<'a>, WireError> {
+/// A datagram cut at its parts: IP header, UDP, transport (BTH to pad), and the ICRC that
+/// arrived.
+struct Parts<'a> {
+    ip: IpRepr,
+    ip_header: &'a [u8],
+    udp: UdpRepr,
+    udp_header: &'a [u8],
+    transport: &'a [u8],
+    icrc: u32,
+}
+
+impl<'a> Parts<'a> {
+    fn cut(bytes: &'a [u8]) -> Result<Parts<'a>, WireError> {
         let (ip, ip_header, ip_payload) = IpRepr::parse(bytes)?;
         let (udp, udp_payload) = UdpRepr::parse(&ip, ip_payload)?;
         if udp.dst_port != ROCE_PORT {
@@ -235,19 +244,81 @@ impl<'a> Datagram<'a> {
             });
         }
         let (transport, crc) = udp_payload.split_at(n - ICRC_LEN);
-        let got = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-        let computed = icrc::compute(ip_header, &ip_payload[..UdpRepr::LEN], transport);
-        if got != computed {
-            return Err(WireError::Icrc { got, computed });
-        }
-        let (headers, payload) = Headers::parse(transport)?;
-        Ok(Datagram {
+        Ok(Parts {
             ip,
             ip_header,
             udp,
+            udp_header: &ip_payload[..UdpRepr::LEN],
+            transport,
+            icrc: u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]),
+        })
+    }
+
+    fn computed_icrc(&self) -> u32 {
+        icrc::compute(self.ip_header, self.udp_header, self.transport)
+    }
+
+    /// The datagram, its ICRC taken as checked.
+    fn datagram(self) -> Result<Datagram<'a>, WireError> {
+        let (headers, payload) = Headers::parse(self.transport)?;
+        Ok(Datagram {
+            ip: self.ip,
+            ip_header: self.ip_header,
+            udp: self.udp,
             headers,
             payload,
         })
+    }
+}
+
+impl<'a> Datagram<'a> {
+    /// Parses and checks a datagram: IP and UDP (to port 4791), the transport headers, and
+    /// the ICRC.
+    pub fn parse(bytes: &'a [u8]) -> Result<Datagram<'a>, WireError> {
+        let parts = Parts::cut(bytes)?;
+        let computed = parts.computed_icrc();
+        if parts.icrc != computed {
+            return Err(WireError::Icrc {
+                got: parts.icrc,
+                computed,
+            });
+        }
+        parts.datagram()
+    }
+
+    /// Parses a datagram whose IPv4 identification its receiver could not see, written as
+    /// 0 (a kernel UDP socket shows neither it nor the rest of the IP header): as
+    /// [`parse`](Self::parse), except that an identification below
+    /// [`icrc::SEGMENT_IDENTS`] that explains the ICRC is written into the header (the
+    /// segments of a GSO send carry 0, 1, 2, …). IPv6 datagrams have no identification.
+    pub fn parse_received(
+        bytes: &'a mut [u8],
+        deltas: &mut icrc::IdentDeltas,
+    ) -> Result<Datagram<'a>, WireError> {
+        let ident = {
+            let parts = Parts::cut(bytes)?;
+            let computed = parts.computed_icrc();
+            if parts.icrc == computed {
+                None
+            } else {
+                let len = parts.ip_header.len() + UdpRepr::LEN + parts.transport.len() + ICRC_LEN;
+                let ident = match parts.ip {
+                    IpRepr::V4(h) if h.ident == 0 => deltas.recover(len, parts.icrc ^ computed),
+                    _ => None,
+                };
+                if ident.is_none() {
+                    return Err(WireError::Icrc {
+                        got: parts.icrc,
+                        computed,
+                    });
+                }
+                ident
+            }
+        };
+        if let Some(ident) = ident {
+            super::Ipv4Repr::set_ident(bytes, ident);
+        }
+        Parts::cut(bytes)?.datagram()
     }
 }
 

@@ -279,3 +279,53 @@ fn xrc_requests_carry_an_xrceth_after_the_bth() {
     let n = a.emit(&[], &mut buf).unwrap();
     assert_eq!(Headers::parse(&buf[..n]).unwrap().0.xrceth, None);
 }
+
+#[test]
+fn a_received_datagram_gets_back_the_ipv4_identification_its_icrc_was_signed_with() {
+    let h = headers_for(Opcode::RC_SEND_MIDDLE, 42);
+    let payload = [0x5au8; 1024];
+    let mut deltas = icrc::IdentDeltas::default();
+    for ident in [0u16, 1, 7, 61, 127] {
+        let IpRepr::V4(mut ip) = v4() else {
+            unreachable!()
+        };
+        ip.ident = ident;
+        let mut sent = [0u8; 1200];
+        let n = emit_datagram(&IpRepr::V4(ip), 4791, &h, &payload, &mut sent).unwrap();
+        // What a receiver behind a UDP socket rebuilds: identification 0.
+        let mut got = sent;
+        Ipv4Repr::set_ident(&mut got, 0);
+        let d = Datagram::parse_received(&mut got[..n], &mut deltas).unwrap();
+        assert_eq!((d.headers, d.payload), (h, &payload[..]));
+        assert_eq!(got[..n], sent[..n], "identification {ident} written back");
+        if ident != 0 {
+            assert!(matches!(
+                Datagram::parse(
+                    &{
+                        let mut z = sent;
+                        Ipv4Repr::set_ident(&mut z, 0);
+                        z
+                    }[..n]
+                ),
+                Err(WireError::Icrc { .. })
+            ));
+        }
+    }
+    // Beyond a GSO send's segments, or with a corrupted byte, it stays an ICRC error.
+    for (ident, flip) in [(128u16, None), (3, Some(100usize))] {
+        let IpRepr::V4(mut ip) = v4() else {
+            unreachable!()
+        };
+        ip.ident = ident;
+        let mut b = [0u8; 1200];
+        let n = emit_datagram(&IpRepr::V4(ip), 4791, &h, &payload, &mut b).unwrap();
+        Ipv4Repr::set_ident(&mut b, 0);
+        if let Some(at) = flip {
+            b[at] ^= 1;
+        }
+        assert!(matches!(
+            Datagram::parse_received(&mut b[..n], &mut deltas),
+            Err(WireError::Icrc { .. })
+        ));
+    }
+}

@@ -1,17 +1,21 @@
-//! The engine's real path: UDP sockets on port 4791 of the device's addresses, the seeded
-//! faults a device may ask for, and the capture file.
+//! The engine's real path: UDP sockets on port 4791 of the device's addresses, and the
+//! capture file.
 //!
 //! A kernel UDP socket gives the payload without the IP and UDP headers, and writes them
 //! itself when sending; the transport core parses and emits whole datagrams (the ICRC covers
 //! parts of both headers). So a received datagram gets the headers the kernel removed put
-//! back in front of it ([`Socket::recv`]), and a datagram to send leaves without them.
+//! back in front of it ([`Socket::frame`]), and a datagram to send leaves without them.
+//!
+//! Both ways batch where the kernel can: a run of datagrams to one peer leaves in one GSO
+//! send ([`Socket::send`], `UDP_SEGMENT`), and a run of one peer's datagrams arrives in one
+//! GRO read ([`Socket::recv`], `UDP_GRO`), so a 64 KiB message costs a system call or two
+//! each way instead of 64. `SOFTVERBS_ENGINE_BATCH=0` turns both off (one datagram per system
+//! call), to compare.
 
-use crate::config::Faults;
+use super::outbox::MAX_SEGMENTS;
 use softverbs_roce::Time;
-use softverbs_roce::sim::SplitMix64;
 use softverbs_roce::sim::pcap::{PcapWriter, Resolution};
 use softverbs_roce::wire::{IpRepr, UdpRepr};
-use std::collections::VecDeque;
 use std::io::{BufWriter, ErrorKind};
 use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -21,6 +25,18 @@ pub(crate) const ROCE_PORT: u16 = 4791;
 
 /// Room in front of a received payload for the headers put back: IPv6 and UDP.
 pub(crate) const HEADROOM: usize = 48;
+
+/// `SOL_UDP` options of linux/udp.h (the libc crate lacks them for glibc).
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+
+/// The environment variable that turns GSO sends and GRO reads off when `0`.
+pub const ENV_ENGINE_BATCH: &str = "SOFTVERBS_ENGINE_BATCH";
+
+/// Whether the engine batches datagrams through GSO and GRO (see the module's doc).
+pub(crate) fn batching() -> bool {
+    std::env::var(ENV_ENGINE_BATCH).map_or(true, |v| v != "0")
+}
 
 /// Port 4791 of `addr`; a link-local IPv6 address is scoped to interface `ifindex`.
 fn roce_addr(addr: IpAddr, ifindex: u32) -> SocketAddr {
@@ -38,11 +54,14 @@ fn roce_addr(addr: IpAddr, ifindex: u32) -> SocketAddr {
 pub(crate) struct Socket {
     pub(crate) addr: IpAddr,
     pub(crate) sock: UdpSocket,
+    /// Sends of several datagrams go as one GSO send.
+    gso: bool,
 }
 
 impl Socket {
-    /// Binds UDP port 4791 of `addr` (link-local IPv6 addresses on interface `ifindex`).
-    pub(crate) fn bind(addr: IpAddr, ifindex: u32) -> std::io::Result<Socket> {
+    /// Binds UDP port 4791 of `addr` (link-local IPv6 addresses on interface `ifindex`),
+    /// batching with GSO and GRO if `batch`.
+    pub(crate) fn bind(addr: IpAddr, ifindex: u32, batch: bool) -> std::io::Result<Socket> {
         let sock = UdpSocket::bind(roce_addr(addr, ifindex))?;
         sock.set_nonblocking(true)?;
         if addr.is_ipv4() {
@@ -84,7 +103,16 @@ impl Socket {
             ),
             IpAddr::V6(_) => rustix::net::sockopt::set_ipv6_multicast_if(&sock, ifindex),
         };
-        Ok(Socket { addr, sock })
+        // Runs of one sender's datagrams arrive in one read; without it a GSO send that
+        // reaches this host whole (as over a veth) is cut apart again before the socket.
+        if batch {
+            let _ = set_udp_option(&sock, UDP_GRO, 1);
+        }
+        Ok(Socket {
+            addr,
+            sock,
+            gso: batch,
+        })
     }
 
     /// A socket that receives port 4791 of IP multicast group `group`, joined on interface
@@ -116,172 +144,262 @@ impl Socket {
         Ok(Socket {
             addr: group,
             sock: UdpSocket::from(fd),
+            gso: false,
         })
     }
 
-    /// Receives one datagram into `buf[HEADROOM..]` and puts back the headers before it;
-    /// returns the datagram's start and end in `buf`. `None` when nothing is waiting. With
-    /// `checksummed`, an IPv6 datagram's UDP checksum is computed too (IPv6 forbids a zero
-    /// one, and a capture must show what was on the wire; the ICRC does not cover it).
-    pub(crate) fn recv(&self, buf: &mut [u8], checksummed: bool) -> Option<(usize, usize)> {
+    /// Whether sends of several datagrams go as one GSO send (until the kernel refuses one).
+    pub(crate) fn gso(&self) -> bool {
+        self.gso
+    }
+
+    /// Receives what one read gives into `buf[HEADROOM..]`: one datagram, or with GRO a
+    /// run of one sender's datagrams back to back, each [`Received::segment`] bytes but
+    /// the last. `None` when nothing is waiting.
+    pub(crate) fn recv(&self, buf: &mut [u8]) -> Option<Received> {
+        let room = buf.get_mut(HEADROOM..)?;
         loop {
-            let (n, from) = match self.sock.recv_from(&mut buf[HEADROOM..]) {
-                Ok(x) => x,
+            match recv_segments(&self.sock, room) {
+                Ok(r) => return Some(r),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return None,
-            };
-            let src = match from {
-                SocketAddr::V4(a) => IpAddr::V4(*a.ip()),
-                SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
-                    Some(v4) => IpAddr::V4(v4),
-                    None => IpAddr::V6(*a.ip()),
-                },
-            };
-            let Some(mut ip) = IpRepr::between(src, self.addr) else {
-                continue;
-            };
-            if let IpRepr::V4(h) = &mut ip {
-                h.ident = 0;
             }
-            let start = HEADROOM - ip.len() - UdpRepr::LEN;
-            let udp = UdpRepr {
-                src_port: from.port(),
-                dst_port: ROCE_PORT,
-            };
-            let (head, rest) = buf[start..].split_at_mut(ip.len());
-            if ip.emit(UdpRepr::LEN + n, head).is_err()
-                || udp
-                    .emit(&ip, n, checksummed && ip.len() == 40, rest)
-                    .is_err()
-            {
-                continue;
-            }
-            return Some((start, HEADROOM + n));
         }
     }
 
-    /// Sends `datagram` (whole, headers included) to port 4791 of `dst`; the kernel makes the
-    /// headers again. False if the socket's buffer is full (the packet is lost, and the
-    /// transport's retransmission recovers it, as on a congested link).
-    pub(crate) fn send(&self, dst: IpAddr, ifindex: u32, datagram: &[u8]) -> bool {
+    /// Puts the IP and UDP headers the kernel removed back in front of the `n` bytes of
+    /// payload at `buf[at..]` (`at` >= [`HEADROOM`]; what lies before is overwritten),
+    /// as the datagram from `from` looked on the wire but for its IPv4 identification,
+    /// which the socket does not show (written as 0: see [`Endpoint::handle_received`]).
+    /// Returns where the datagram starts. With `checksummed`, an IPv6 datagram's UDP
+    /// checksum is computed too (IPv6 forbids a zero one, and a capture must show what was
+    /// on the wire; the ICRC does not cover it).
+    ///
+    /// [`Endpoint::handle_received`]: softverbs_roce::endpoint::Endpoint::handle_received
+    pub(crate) fn frame(
+        &self,
+        from: SocketAddr,
+        buf: &mut [u8],
+        at: usize,
+        n: usize,
+        checksummed: bool,
+    ) -> Option<usize> {
+        let src = match from {
+            SocketAddr::V4(a) => IpAddr::V4(*a.ip()),
+            SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(*a.ip()),
+            },
+        };
+        let ip = IpRepr::between(src, self.addr)?;
+        let start = at.checked_sub(ip.len() + UdpRepr::LEN)?;
+        let udp = UdpRepr {
+            src_port: from.port(),
+            dst_port: ROCE_PORT,
+        };
+        let (head, rest) = buf.get_mut(start..at + n)?.split_at_mut(ip.len());
+        ip.emit(UdpRepr::LEN + n, head).ok()?;
+        udp.emit(&ip, n, checksummed && ip.len() == 40, rest).ok()?;
+        Some(start)
+    }
+
+    /// Sends `datagrams` (whole, headers included) to port 4791 of `dst`; the kernel makes
+    /// the headers again. More than one go as one GSO send: all but the last of one
+    /// length, the last no longer. An error if the socket's buffer is full (the packets are
+    /// lost, and the transport's retransmission recovers them, as on a congested link) or
+    /// the kernel cannot segment (then [`gso`](Self::gso) turns false).
+    pub(crate) fn send(
+        &mut self,
+        dst: IpAddr,
+        ifindex: u32,
+        datagrams: &[&[u8]],
+    ) -> std::io::Result<()> {
         let skip = match dst {
             IpAddr::V4(_) => 20,
             IpAddr::V6(_) => 40,
         } + UdpRepr::LEN;
-        let Some(payload) = datagram.get(skip..) else {
-            return false;
-        };
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MAX_SEGMENTS];
+        let n = datagrams.len().min(MAX_SEGMENTS);
+        for (v, d) in iov.iter_mut().zip(&datagrams[..n]) {
+            let payload = d
+                .get(skip..)
+                .ok_or_else(|| std::io::Error::from(ErrorKind::InvalidInput))?;
+            *v = libc::iovec {
+                iov_base: payload.as_ptr() as *mut libc::c_void,
+                iov_len: payload.len(),
+            };
+        }
+        let segment = (n > 1).then(|| iov[0].iov_len as u16);
         let to = roce_addr(dst, ifindex);
         loop {
-            match self.sock.send_to(payload, to) {
-                Ok(_) => return true,
+            match send_segments(&self.sock, &to, &iov[..n], segment) {
+                Ok(()) => return Ok(()),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => return false,
+                Err(e) => {
+                    let cannot_segment = matches!(
+                        e.raw_os_error(),
+                        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                    );
+                    if segment.is_some() && cannot_segment {
+                        self.gso = false;
+                    }
+                    return Err(e);
+                }
             }
         }
     }
 }
 
-/// What the fault injector did, for the counters.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct FaultCounts {
-    pub(crate) dropped: u64,
-    pub(crate) duplicated: u64,
-    pub(crate) reordered: u64,
-    pub(crate) corrupted: u64,
-    pub(crate) delayed: u64,
+/// Sets an integer `SOL_UDP` option.
+fn set_udp_option(sock: &UdpSocket, opt: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: a valid socket and a c_int option of the size passed, which the kernel reads.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_UDP,
+            opt,
+            (&raw const value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
-/// Seeded faults on the way out: each datagram is dropped, duplicated, held back behind the
-/// next one, or has a byte flipped, at the configured rates; a delay holds every datagram.
-pub(crate) struct FaultInjector {
-    cfg: Faults,
-    rng: SplitMix64,
-    held: Option<(IpAddr, Vec<u8>)>,
-    delayed: VecDeque<(Time, IpAddr, Vec<u8>)>,
-    pub(crate) counts: FaultCounts,
+/// What one read of a socket gave.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Received {
+    pub(crate) from: SocketAddr,
+    /// Bytes read (at `HEADROOM` of the buffer).
+    pub(crate) len: usize,
+    /// Bytes of each datagram of the run but the last (all of them without GRO).
+    pub(crate) segment: usize,
 }
 
-impl FaultInjector {
-    pub(crate) fn new(cfg: Faults) -> FaultInjector {
-        FaultInjector {
-            cfg,
-            rng: SplitMix64::new(cfg.seed ^ 0x005e_ed0f_fa17),
-            held: None,
-            delayed: VecDeque::new(),
-            counts: FaultCounts::default(),
+/// `sendmsg` of the `iov` payloads to `to` as one datagram, or, with `segment`, as
+/// datagrams of that many bytes (`UDP_SEGMENT`).
+fn send_segments(
+    sock: &UdpSocket,
+    to: &SocketAddr,
+    iov: &[libc::iovec],
+    segment: Option<u16>,
+) -> std::io::Result<()> {
+    // A u64 array keeps the control buffer aligned for `cmsghdr`.
+    let mut control = [0u64; 4];
+    let cmsg_space = // SAFETY: CMSG_SPACE only computes a size.
+        unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as usize;
+    // SAFETY: `msghdr` is plain data; all-zero is its empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    if let Some(size) = segment {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = cmsg_space;
+        // SAFETY: the control buffer (32 bytes, aligned) holds one cmsghdr and a u16
+        // (CMSG_SPACE(2) = 24 on 64-bit Linux), and `msg` points at it with that length, so
+        // CMSG_FIRSTHDR is that buffer's start and CMSG_DATA lies inside it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
         }
     }
-
-    pub(crate) fn active(&self) -> bool {
-        self.cfg.any()
+    // SAFETY: `to` lends a valid socket address for the closure's duration; `msg` points at
+    // it, at `iov` (whose entries point into live datagrams the caller borrows) and at the
+    // control buffer, all alive across the call, which only reads them.
+    let rc = unsafe {
+        rustix::net::addr::SocketAddrArg::with_sockaddr(to, |addr, len| {
+            msg.msg_name = addr as *mut libc::c_void;
+            msg.msg_namelen = len as libc::socklen_t;
+            libc::sendmsg(sock.as_raw_fd(), &msg, 0)
+        })
+    };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
     }
+}
 
-    /// What leaves now for `datagram` to `dst`: none, one or more datagrams.
-    pub(crate) fn apply(
-        &mut self,
-        now: Time,
-        dst: IpAddr,
-        datagram: &[u8],
-        out: &mut Vec<(IpAddr, Vec<u8>)>,
-    ) {
-        if self.rng.chance(self.cfg.drop) {
-            self.counts.dropped += 1;
-            return;
-        }
-        let mut d = datagram.to_vec();
-        if self.rng.chance(self.cfg.corrupt) && d.len() > 48 {
-            // A byte of the transport headers or payload (the kernel remakes IP and UDP).
-            let skip = if dst.is_ipv4() { 28 } else { 48 };
-            let at = skip + self.rng.below((d.len() - skip) as u64) as usize;
-            d[at] ^= 1 << self.rng.below(8);
-            self.counts.corrupted += 1;
-        }
-        let mut now_out = Vec::new();
-        if self.rng.chance(self.cfg.duplicate) {
-            self.counts.duplicated += 1;
-            now_out.push((dst, d.clone()));
-        }
-        if self.held.is_none() && self.rng.chance(self.cfg.reorder) {
-            self.counts.reordered += 1;
-            self.held = Some((dst, d));
-        } else {
-            now_out.push((dst, d));
-            if let Some(h) = self.held.take() {
-                now_out.push(h);
+/// `recvmsg` into `buf`: the sender, the bytes, and the GRO segment size if the kernel
+/// joined datagrams (a read cut short counts as an error: the run is lost).
+fn recv_segments(sock: &UdpSocket, buf: &mut [u8]) -> std::io::Result<Received> {
+    // SAFETY: plain data; all-zero is a valid (empty) value of each.
+    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&raw mut from).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: every pointer in `msg` points at a live local or at `buf`, with its length;
+    // the kernel writes within those lengths.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let len = n as usize;
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(ErrorKind::InvalidData.into());
+    }
+    let mut segment = len;
+    // SAFETY: the kernel filled `control` up to `msg_controllen`; CMSG_FIRSTHDR/NXTHDR walk
+    // only headers inside it, and a UDP_GRO message carries an int.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                let size = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                if size > 0 {
+                    segment = (size as usize).min(len);
+                }
             }
-        }
-        if self.cfg.delay_us > 0 {
-            let at = now.after(std::time::Duration::from_micros(self.cfg.delay_us));
-            for (dst, d) in now_out {
-                self.counts.delayed += 1;
-                self.delayed.push_back((at, dst, d));
-            }
-        } else {
-            out.extend(now_out);
+            c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
+    let from = socket_addr(&from).ok_or(ErrorKind::InvalidData)?;
+    Ok(Received {
+        from,
+        len,
+        segment: segment.max(1),
+    })
+}
 
-    /// Delayed datagrams whose time came.
-    pub(crate) fn due(&mut self, now: Time, out: &mut Vec<(IpAddr, Vec<u8>)>) {
-        while self.delayed.front().is_some_and(|(t, ..)| *t <= now) {
-            if let Some((_, dst, d)) = self.delayed.pop_front() {
-                out.push((dst, d));
-            }
+/// The address in `s` (AF_INET or AF_INET6).
+fn socket_addr(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match i32::from(s.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a sockaddr_in, which sockaddr_storage holds.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
         }
-    }
-
-    /// When the next delayed datagram is due.
-    pub(crate) fn next_due(&self) -> Option<Time> {
-        self.delayed.front().map(|(t, ..)| *t)
-    }
-
-    /// Whether a datagram is held back for reordering (sent with the next one, or on its
-    /// own when the engine would otherwise go to sleep).
-    pub(crate) fn release_held(&mut self, out: &mut Vec<(IpAddr, Vec<u8>)>) {
-        if let Some(h) = self.held.take() {
-            out.push(h);
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6, which sockaddr_storage holds.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                a.sin6_addr.s6_addr.into(),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
         }
+        _ => None,
     }
 }
 

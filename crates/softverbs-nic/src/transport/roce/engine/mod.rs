@@ -24,10 +24,12 @@
 //! carry the connection-manager MADs of the host's CM agents, which meet the engine on
 //! abstract Unix datagram sockets.
 
+mod faults;
 pub(crate) mod gsi;
 pub(crate) mod io;
 pub(crate) mod lease;
 pub(crate) mod memory;
+mod outbox;
 
 use super::protocol::{
     Chunk, Ctl, EngineState, NetWqe, Reply, WQE_FENCE, WQE_INLINE, WQE_SIGNALED, WQE_SOLICITED,
@@ -47,8 +49,10 @@ use crate::types::{
     AccessFlags, AsyncEventType, Gid, WcFlags, WcOpcode as NicOp, WcStatus as NicStatus,
 };
 use crate::types::{Sge as NicSge, WrOpcode};
-use io::{Capture, FaultInjector, HEADROOM, Socket};
+use faults::FaultInjector;
+use io::{Capture, HEADROOM, Socket};
 use memory::HostMemory;
+use outbox::Outbox;
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fd::{AsRawFd, OwnedFd};
 use rustix::net::{
@@ -120,6 +124,8 @@ struct EngineQp {
     local_done: HashMap<u32, (NicStatus, NicOp)>,
     /// In the transport core (after RTR).
     live: bool,
+    /// Its RTS was seen: the requester has its first PSN.
+    ready: bool,
     /// Set when the program moved it to ERR (no async event for that).
     modified: bool,
 }
@@ -130,6 +136,12 @@ struct Totals {
     /// Counters of QPs no longer served.
     gone: QpCounters,
     send_failures: u64,
+    /// System calls that sent more than one datagram (GSO), and the datagrams in them.
+    gso_sends: u64,
+    gso_datagrams: u64,
+    /// Reads that gave more than one datagram (GRO), and the datagrams in them.
+    gro_reads: u64,
+    gro_datagrams: u64,
     bad_wqes: u64,
     /// IP multicast groups the engine could not join.
     group_failures: u64,
@@ -156,8 +168,7 @@ struct Engine {
     /// QP1: the CM MADs of the host's agents ([`gsi`]).
     gsi: gsi::Gsi,
     rx: Vec<u8>,
-    tx: Vec<u8>,
-    out: Vec<(IpAddr, Vec<u8>)>,
+    out: Outbox,
     items: Vec<NicSge>,
     started: Instant,
     spin: Duration,
@@ -487,7 +498,7 @@ impl Engine {
         let addrs: Vec<IpAddr> = cfg.gid_table.iter().map(|&g| ip_of(g)).collect();
         let mut socks = Vec::new();
         for &a in &addrs {
-            match Socket::bind(a, net.ifindex) {
+            match Socket::bind(a, net.ifindex, io::batching()) {
                 Ok(s) => socks.push(s),
                 // The primary address must be served; others (say, an IPv6 address still in
                 // duplicate address detection) are skipped.
@@ -528,8 +539,7 @@ impl Engine {
             totals: Totals::default(),
             gsi,
             rx: vec![0; 65536 + HEADROOM],
-            tx: vec![0; 65536],
-            out: Vec::new(),
+            out: Outbox::new(),
             items: Vec::new(),
             started: Instant::now(),
             spin: Duration::ZERO,
@@ -598,10 +608,8 @@ impl Engine {
 
     /// Sleeps until a packet, a client message, a doorbell or the next deadline.
     fn sleep(&mut self) {
-        let mut out = std::mem::take(&mut self.out);
-        self.faults.release_held(&mut out);
-        self.send_all(&mut out);
-        self.out = out;
+        self.faults.release_held(&mut self.out);
+        self.send_all();
         self.state().sleeping.store(1, Ordering::Relaxed);
         // The clients' side of this fence: push the WQE, fence, read `sleeping` (see
         // `client::Link::post`): one of the two sees the other.
@@ -786,6 +794,7 @@ impl Engine {
                         wrs: VecDeque::new(),
                         local_done: HashMap::new(),
                         live: false,
+                        ready: false,
                         modified: false,
                     },
                 );
@@ -824,7 +833,7 @@ impl Engine {
                     pkey: rtr.pkey,
                     qkey: rtr.qkey,
                     access: QpAccess::from_bits_truncate(rtr.access),
-                    window: 128,
+                    window: 1024,
                 };
                 if q.live {
                     self.ep.remove_qp(qpn);
@@ -832,6 +841,9 @@ impl Engine {
                 q.live = self.ep.add_qp(cfg).is_ok();
             }
             Ctl::Rts { qpn, rts } if owns(self, qpn) => {
+                if let Some(q) = self.qps.get_mut(&qpn) {
+                    q.ready = true;
+                }
                 // The first RTS starts the requester (nothing posted yet); any later one
                 // (from SQD or SQE, or RTS to RTS) changes its limits and rights only.
                 if let Some(qp) = self.ep.qp_mut(qpn) {
@@ -941,55 +953,83 @@ impl Engine {
         let mut any = false;
         let (unicast, groups) = (self.socks.len(), self.groups.len());
         for s in 0..unicast + groups {
-            for _ in 0..BATCH {
-                let capturing = self.capture.is_some();
+            let mut datagrams = 0;
+            while datagrams < BATCH {
                 let sock = match s.checked_sub(unicast) {
                     None => &self.socks[s],
                     Some(g) => &self.groups[g],
                 };
                 let group = (s >= unicast).then_some(sock.addr);
-                let Some((start, end)) = sock.recv(&mut self.rx, capturing) else {
+                let Some(r) = sock.recv(&mut self.rx) else {
                     break;
                 };
                 any = true;
-                let d = &self.rx[start..end];
-                if let Some(c) = &mut self.capture {
-                    c.record(d);
+                let n = r.len.div_ceil(r.segment).max(1);
+                datagrams += n;
+                if n > 1 {
+                    self.totals.gro_reads += 1;
+                    self.totals.gro_datagrams += n as u64;
                 }
-                // BTH destination QP: bytes 5..8 of the BTH, after the IP and UDP headers.
-                let bth = HEADROOM + 5;
-                if end >= bth + 3 {
-                    let qpn =
-                        u32::from_be_bytes([0, self.rx[bth], self.rx[bth + 1], self.rx[bth + 2]]);
-                    // The GSI's packets are the host's CM, never the transport core's.
-                    if qpn == gsi::GSI_QPN && group.is_none() {
-                        self.cm_incoming(start, end);
+                // Each datagram of a run in turn, its headers written in front of it: over
+                // the end of the one before, already handled.
+                for k in 0..n {
+                    let at = HEADROOM + k * r.segment;
+                    let len = r.segment.min(r.len - k * r.segment);
+                    let sock = match s.checked_sub(unicast) {
+                        None => &self.socks[s],
+                        Some(g) => &self.groups[g],
+                    };
+                    let capturing = self.capture.is_some();
+                    let Some(start) = sock.frame(r.from, &mut self.rx, at, len, capturing) else {
                         continue;
-                    }
-                    match group {
-                        // A copy for each member: each needs a receive.
-                        Some(g) => {
-                            for m in self.ep.members(g).to_vec() {
-                                self.lend_receive(m);
-                            }
-                        }
-                        // An XRC request names the SRQ whose receive it needs (XRCETH).
-                        // (`bth` is the BTH's QP number: its opcode is 5 bytes before, the
-                        // XRCETH's SRQ number 8 bytes after.)
-                        None if self.rx[bth - 5] & 0xe0 == 0xa0 && end >= bth + 11 => {
-                            let x = bth + 8;
-                            let srqn =
-                                u32::from_be_bytes([0, self.rx[x], self.rx[x + 1], self.rx[x + 2]]);
-                            self.lend_xrc_receive(qpn, srqn);
-                        }
-                        None => self.lend_receive(qpn),
-                    }
+                    };
+                    self.datagram(start, at + len, group);
                 }
-                let now = self.now();
-                self.ep.handle_datagram(now, &self.rx[start..end]);
             }
         }
         any
+    }
+
+    /// The datagram at `self.rx[start..end]`, which arrived at `group` or else at one of the
+    /// host's addresses.
+    fn datagram(&mut self, start: usize, end: usize, group: Option<IpAddr>) {
+        // BTH destination QP: bytes 5..8 of the BTH, after the IP and UDP headers.
+        let ip_udp = if self.rx[start] >> 4 == 4 { 28 } else { 48 };
+        let bth = start + ip_udp + 5;
+        if end >= bth + 3 {
+            let qpn = u32::from_be_bytes([0, self.rx[bth], self.rx[bth + 1], self.rx[bth + 2]]);
+            // The GSI's packets are the host's CM, never the transport core's.
+            if qpn == gsi::GSI_QPN && group.is_none() {
+                if let Some(c) = &mut self.capture {
+                    c.record(&self.rx[start..end]);
+                }
+                self.cm_incoming(start, end);
+                return;
+            }
+            match group {
+                // A copy for each member: each needs a receive.
+                Some(g) => {
+                    for m in self.ep.members(g).to_vec() {
+                        self.lend_receive(m);
+                    }
+                }
+                // An XRC request names the SRQ whose receive it needs (XRCETH).
+                // (`bth` is the BTH's QP number: its opcode is 5 bytes before, the
+                // XRCETH's SRQ number 8 bytes after.)
+                None if self.rx[bth - 5] & 0xe0 == 0xa0 && end >= bth + 11 => {
+                    let x = bth + 8;
+                    let srqn = u32::from_be_bytes([0, self.rx[x], self.rx[x + 1], self.rx[x + 2]]);
+                    self.lend_xrc_receive(qpn, srqn);
+                }
+                None => self.lend_receive(qpn),
+            }
+        }
+        let now = self.now();
+        self.ep.handle_received(now, &mut self.rx[start..end]);
+        // Recorded after the core saw it: with the IPv4 identification it found.
+        if let Some(c) = &mut self.capture {
+            c.record(&self.rx[start..end]);
+        }
     }
 
     /// Gives the core one receive WQE of QP `qpn` if it has none: taken from the owner's
@@ -1038,7 +1078,21 @@ impl Engine {
         let mut any = false;
         let now = self.now();
         let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        let mut looked = false;
         for qpn in qpns {
+            // A program moves its QP to RTR and RTS with control messages and then posts to
+            // the send ring: a WQE of a QP whose RTS was not read yet waits for the control
+            // messages to be read (a busy engine reads them only every millisecond), lest it
+            // be refused or sent from the wrong PSN.
+            if !looked
+                && self
+                    .qps
+                    .get(&qpn)
+                    .is_some_and(|q| !q.ready && !q.sq.is_empty())
+            {
+                looked = true;
+                self.control();
+            }
             for _ in 0..BATCH {
                 let Some(q) = self.qps.get_mut(&qpn) else {
                     break;
@@ -1081,25 +1135,22 @@ impl Engine {
 
     fn transmit(&mut self) -> bool {
         let mut any = false;
-        let mut out = std::mem::take(&mut self.out);
         let now = self.now();
-        self.faults.due(now, &mut out);
+        self.faults.due(now, &mut self.out);
         for _ in 0..BATCH * 4 {
-            let Some((dst, n)) = self.ep.poll_transmit(now, &mut self.tx) else {
+            if !self.out.has_room() {
+                self.send_all();
+            }
+            let Some((dst, n)) = self.ep.poll_transmit(now, self.out.spare()) else {
                 break;
             };
             any = true;
+            self.out.commit(dst, n);
             if self.faults.active() {
-                self.faults.apply(now, dst, &self.tx[..n], &mut out);
-            } else {
-                out.push((dst, self.tx[..n].to_vec()));
-            }
-            if out.len() >= BATCH {
-                self.send_all(&mut out);
+                self.faults.apply_last(now, &mut self.out);
             }
         }
-        self.send_all(&mut out);
-        self.out = out;
+        self.send_all();
         any
     }
 
@@ -1140,34 +1191,32 @@ impl Engine {
             return;
         }
         let now = self.now();
-        let mut out = Vec::with_capacity(datagrams.len());
         for (dst, d) in datagrams {
+            if !self.out.push(dst, &d) {
+                self.send_all();
+                if !self.out.push(dst, &d) {
+                    self.totals.send_failures += 1;
+                    continue;
+                }
+            }
             if self.faults.active() {
-                self.faults.apply(now, dst, &d, &mut out);
-            } else {
-                out.push((dst, d));
+                self.faults.apply_last(now, &mut self.out);
             }
         }
-        self.send_all(&mut out);
+        self.send_all();
     }
 
-    fn send_all(&mut self, out: &mut Vec<(IpAddr, Vec<u8>)>) {
-        for (dst, d) in out.drain(..) {
-            if let Some(c) = &mut self.capture {
-                c.record(&d);
-            }
-            // The socket of the address the datagram says it is from (the ICRC covers it,
-            // and a link-local socket must not send what a global address signed).
-            let src = datagram_source(&d);
-            let sock = self.socks.iter().find(|s| Some(s.addr) == src).or_else(|| {
-                self.socks
-                    .iter()
-                    .find(|s| s.addr.is_ipv4() == dst.is_ipv4())
-            });
-            if !sock.is_some_and(|s| s.send(dst, self.ifindex, &d)) {
-                self.totals.send_failures += 1;
-            }
+    /// Sends what the outbox holds.
+    fn send_all(&mut self) {
+        if self.out.is_empty() {
+            return;
         }
+        let sent = self
+            .out
+            .send(&mut self.socks, self.ifindex, self.capture.as_mut());
+        self.totals.send_failures += sent.failures;
+        self.totals.gso_sends += sent.gso_sends;
+        self.totals.gso_datagrams += sent.gso_datagrams;
     }
 
     fn deliver_events(&mut self) -> bool {
@@ -1330,7 +1379,7 @@ impl Engine {
         );
         // QP1's packets never reach the endpoint; the totals are the host's all the same.
         let g = &self.gsi.counts;
-        let rows: [(&str, u64); 32] = [
+        let rows: [(&str, u64); 36] = [
             ("sent_pkts", c.datagrams_sent + g.wire_sent),
             ("rcvd_pkts", c.datagrams_received + g.wire_received),
             ("sent_bytes", c.bytes_sent + g.wire_sent_bytes),
@@ -1352,6 +1401,10 @@ impl Engine {
             ("destroyed_qp_reacks", c.lingering_acks),
             ("dropped_by_qp", qc.dropped),
             ("dropped_send_failed", self.totals.send_failures),
+            ("gso_sends", self.totals.gso_sends),
+            ("gso_datagrams", self.totals.gso_datagrams),
+            ("gro_reads", self.totals.gro_reads),
+            ("gro_datagrams", self.totals.gro_datagrams),
             ("bad_wqes", self.totals.bad_wqes),
             ("bad_control_msgs", self.totals.bad_messages),
             ("mcast_groups", self.groups.len() as u64),
@@ -1404,15 +1457,6 @@ impl Engine {
             let _ = writeln!(s, "{line}");
         }
         s
-    }
-}
-
-/// The source address in the IP header at the start of `d`.
-fn datagram_source(d: &[u8]) -> Option<IpAddr> {
-    match d.first()? >> 4 {
-        4 => Some(IpAddr::from(<[u8; 4]>::try_from(d.get(12..16)?).ok()?)),
-        6 => Some(IpAddr::from(<[u8; 16]>::try_from(d.get(8..24)?).ok()?)),
-        _ => None,
     }
 }
 
