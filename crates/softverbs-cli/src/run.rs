@@ -141,10 +141,8 @@ fn try_run(args: &Args) -> crate::Result<u8> {
     }
     let (prog, rest) = args.command.split_first().ok_or("no command given")?;
     let mut cmd = std::process::Command::new(prog);
-    // The library starts the RoCE engine of networked devices with this executable.
-    if let Ok(me) = std::env::current_exe() {
-        cmd.env(softverbs::nic::engine::ENV_ENGINE_EXE, me);
-    }
+    // The library starts the RoCE engine of networked devices with the executable that
+    // `main` put in the environment (this one, unless the environment named another).
     if !args.netdev.is_empty() {
         cmd.env(softverbs::ENV_DEVICES, devices_with(&args.netdev));
     }

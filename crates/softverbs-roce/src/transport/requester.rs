@@ -86,6 +86,9 @@ pub(super) struct Requester {
     /// same cause does not send everything again.
     went_back_to: Option<Psn>,
     timeout: Option<Duration>,
+    /// Where in `wqes` the WQE holding `cursor` was last found: the next packet is nearly
+    /// always of the same WQE or the next one (a deep queue is not searched per packet).
+    at: usize,
 }
 
 impl Requester {
@@ -101,6 +104,7 @@ impl Requester {
             deadline: None,
             rnr_until: None,
             went_back_to: None,
+            at: 0,
             timeout: timers::transport_timeout(cfg.timeout),
         }
     }
@@ -516,7 +520,13 @@ impl Requester {
         if self.cursor == self.assigned && !self.assign_next(s) {
             return None;
         }
-        let i = self.wqes.iter().position(|w| w.holds(self.cursor))?;
+        let cursor = self.cursor;
+        let near = [self.at, self.at + 1, self.at.wrapping_sub(1)];
+        let i = near
+            .into_iter()
+            .find(|&i| self.wqes.get(i).is_some_and(|w| w.holds(cursor)))
+            .or_else(|| self.wqes.iter().position(|w| w.holds(cursor)))?;
+        self.at = i;
         let psn = self.cursor;
         let pmtu = s.cfg.pmtu;
         let w = &self.wqes[i];

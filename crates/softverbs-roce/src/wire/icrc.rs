@@ -13,19 +13,22 @@ use super::{Bth, UdpRepr};
 /// from the BTH to the end of the pad (the ICRC itself excluded). Inputs shorter than a
 /// header are taken as they are (a parser never calls it so).
 pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xff; 8]);
-    let mut ip = [0u8; 60];
-    let n = ip_header.len().min(ip.len());
-    ip[..n].copy_from_slice(&ip_header[..n]);
+    // The masked headers are copied into one block and hashed in one go, then the rest in
+    // place: two calls, as a CRC over a few small pieces costs more than its bytes.
+    let mut head = [0u8; 8 + 60 + UdpRepr::LEN + Bth::LEN];
+    head[..8].fill(0xff);
+    let mut at = 8;
+    let ip_len = ip_header.len().min(60);
+    let ip = &mut head[at..at + ip_len];
+    ip.copy_from_slice(&ip_header[..ip_len]);
     match ip.first().map(|b| b >> 4) {
-        Some(4) if n >= 20 => {
+        Some(4) if ip_len >= 20 => {
             ip[1] = 0xff; // TOS (DSCP, ECN)
             ip[8] = 0xff; // TTL
             ip[10] = 0xff; // header checksum
             ip[11] = 0xff;
         }
-        Some(6) if n >= 40 => {
+        Some(6) if ip_len >= 40 => {
             ip[0] |= 0x0f; // traffic class (its high half is in the first byte)...
             ip[1] = 0xff; // ...the rest of it, and the flow label
             ip[2] = 0xff;
@@ -34,21 +37,23 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
         }
         _ => {}
     }
-    h.update(&ip[..n]);
-    let mut udp = [0u8; UdpRepr::LEN];
-    let n = udp_header.len().min(udp.len());
-    udp[..n].copy_from_slice(&udp_header[..n]);
-    udp[6] = 0xff; // checksum
-    udp[7] = 0xff;
-    h.update(&udp[..n]);
-    let mut bth = [0u8; Bth::LEN];
-    let n = transport.len().min(bth.len());
-    bth[..n].copy_from_slice(&transport[..n]);
-    if n > 4 {
-        bth[4] = 0xff; // FECN, BECN, reserved
+    at += ip_len;
+    let udp_len = udp_header.len().min(UdpRepr::LEN);
+    head[at..at + udp_len].copy_from_slice(&udp_header[..udp_len]);
+    if udp_len == UdpRepr::LEN {
+        head[at + 6] = 0xff; // checksum
+        head[at + 7] = 0xff;
     }
-    h.update(&bth[..n]);
-    h.update(&transport[n..]);
+    at += udp_len;
+    let bth_len = transport.len().min(Bth::LEN);
+    head[at..at + bth_len].copy_from_slice(&transport[..bth_len]);
+    if bth_len > 4 {
+        head[at + 4] = 0xff; // FECN, BECN, reserved
+    }
+    at += bth_len;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&head[..at]);
+    h.update(&transport[bth_len..]);
     h.finalize()
 }
 
@@ -105,6 +110,9 @@ pub struct IdentDeltas {
     /// (datagram length, the delta of each of the seven identification bits), most recent
     /// first.
     cache: Vec<(usize, [u32; 7])>,
+    /// The identification recovered last: the segments of a GSO send arrive in order, so
+    /// the next one is tried first.
+    last: u16,
 }
 
 /// Lengths remembered: a stream uses two or three (first, middle and last packets).
@@ -144,7 +152,13 @@ impl IdentDeltas {
     /// datagram, or `None` (the packet is corrupt or forged).
     pub fn recover(&mut self, datagram_len: usize, syndrome: u32) -> Option<u16> {
         if syndrome == 0 {
+            self.last = 0;
             return Some(0);
+        }
+        let next = (self.last + 1) % SEGMENT_IDENTS;
+        if self.delta(datagram_len, next) == syndrome {
+            self.last = next;
+            return Some(next);
         }
         let b = self.basis(datagram_len);
         // Gray code: each next identification differs from the last in one bit.
@@ -152,7 +166,8 @@ impl IdentDeltas {
         for g in 1..SEGMENT_IDENTS {
             x ^= b[g.trailing_zeros() as usize];
             if x == syndrome {
-                return Some(g ^ (g >> 1));
+                self.last = g ^ (g >> 1);
+                return Some(self.last);
             }
         }
         None

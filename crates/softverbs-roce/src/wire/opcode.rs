@@ -208,6 +208,13 @@ impl Op {
         self.is_last() || self.is_only() || self.is_read_like() || self.is_atomic()
     }
 
+    /// The packet at which a responder needs a receive WQE: a SEND's first or only one, and
+    /// an RDMA WRITE's one with immediate data (its other packets need none).
+    pub fn takes_receive(self) -> bool {
+        (self.is_send() && self.starts_message())
+            || matches!(self, Op::WriteLastImm | Op::WriteOnlyImm)
+    }
+
     /// Carries immediate data (ImmDt).
     pub fn has_imm(self) -> bool {
         matches!(

@@ -2,8 +2,8 @@
 //! them with its ICRC.
 
 use super::{
-    Aeth, AtomicAckEth, AtomicEth, Bth, Deth, ICRC_LEN, IpRepr, ROCE_PORT, Reth, Transport,
-    UdpRepr, WireError, be32, icrc, room, take,
+    Aeth, AtomicAckEth, AtomicEth, Bth, Deth, ICRC_LEN, IpRepr, Ipv4Repr, ROCE_PORT, Reth,
+    Transport, UdpRepr, WireError, be32, icrc, room, take,
 };
 
 /// The transport headers of one packet: the BTH and the extension headers its opcode calls
@@ -295,30 +295,43 @@ impl<'a> Datagram<'a> {
         bytes: &'a mut [u8],
         deltas: &mut icrc::IdentDeltas,
     ) -> Result<Datagram<'a>, WireError> {
-        let ident = {
+        // Cut and checked through a short borrow; the datagram is then made from where the
+        // parts lie (whether or not an identification was written in between).
+        let (mut ip, ip_len, udp, transport_len) = {
             let parts = Parts::cut(bytes)?;
             let computed = parts.computed_icrc();
-            if parts.icrc == computed {
-                None
-            } else {
+            let mut ip = parts.ip;
+            if parts.icrc != computed {
                 let len = parts.ip_header.len() + UdpRepr::LEN + parts.transport.len() + ICRC_LEN;
-                let ident = match parts.ip {
-                    IpRepr::V4(h) if h.ident == 0 => deltas.recover(len, parts.icrc ^ computed),
+                let recovered = match &mut ip {
+                    IpRepr::V4(h) if h.ident == 0 => deltas
+                        .recover(len, parts.icrc ^ computed)
+                        .inspect(|&i| h.ident = i),
                     _ => None,
                 };
-                if ident.is_none() {
+                if recovered.is_none() {
                     return Err(WireError::Icrc {
                         got: parts.icrc,
                         computed,
                     });
                 }
-                ident
             }
+            (ip, parts.ip_header.len(), parts.udp, parts.transport.len())
         };
-        if let Some(ident) = ident {
-            super::Ipv4Repr::set_ident(bytes, ident);
+        if let IpRepr::V4(h) = &mut ip
+            && h.ident != 0
+        {
+            Ipv4Repr::set_ident(bytes, h.ident);
         }
-        Parts::cut(bytes)?.datagram()
+        let at = ip_len + UdpRepr::LEN;
+        let (headers, payload) = Headers::parse(&bytes[at..at + transport_len])?;
+        Ok(Datagram {
+            ip,
+            ip_header: &bytes[..ip_len],
+            udp,
+            headers,
+            payload,
+        })
     }
 }
 

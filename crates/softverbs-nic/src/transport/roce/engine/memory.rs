@@ -8,21 +8,21 @@
 //! responder checks it, so a packet with a guessed or stale key moves nothing.
 
 use crate::mr::access::{self, AtomicOp as NicAtomic, Span};
-use crate::mr::resolve::{pin_range, pin_sges};
+use crate::mr::resolve::{Few, pin_range, pin_sges};
 use crate::qp::context::XrcRole;
 use crate::qp::responder::Responder;
 use crate::transport::same_host::RemoteQp;
 use crate::types::{AccessFlags, Sge as NicSge};
+use rustc_hash::FxHashMap;
 use softverbs_roce::transport::{Access, AtomicOp, MemError, Memory, Sge};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The memory of the engine's QPs, by tag.
 #[derive(Default)]
 pub(crate) struct HostMemory {
-    pub(crate) by_tag: HashMap<u32, Arc<RemoteQp>>,
+    pub(crate) by_tag: FxHashMap<u32, Arc<RemoteQp>>,
     /// The XRC SRQ receive points it serves, by SRQ number: their tags.
-    pub(crate) xrc_points: HashMap<u32, u32>,
+    pub(crate) xrc_points: FxHashMap<u32, u32>,
 }
 
 fn need(access: Access) -> AccessFlags {
@@ -33,9 +33,20 @@ fn need(access: Access) -> AccessFlags {
     }
 }
 
-/// The part `[offset, offset + len)` of the message `spans` hold, as spans.
-fn window(spans: &[Span], offset: u64, len: usize) -> Option<Vec<Span>> {
-    let mut out = Vec::with_capacity(2);
+/// The part `[offset, offset + len)` of the message `spans` hold, as spans (one, not
+/// allocated, when a packet lies in one piece, as nearly every packet does).
+fn window(spans: &[Span], offset: u64, len: usize) -> Option<Few<Span>> {
+    if let Some(s) = spans.first()
+        && s.count <= 1
+        && offset as usize + len <= s.len
+    {
+        return Some(Few::Inline(Some(Span::at(
+            s.addr + offset as usize,
+            len,
+            s.pid,
+        ))));
+    }
+    let mut out = Few::new();
     let mut skip = offset as usize;
     let mut left = len;
     let pieces = spans.iter().flat_map(|s| {
@@ -57,14 +68,22 @@ fn window(spans: &[Span], offset: u64, len: usize) -> Option<Vec<Span>> {
     (left == 0).then_some(out)
 }
 
-fn nic_sges(sges: &[Sge]) -> Vec<NicSge> {
-    sges.iter()
-        .map(|s| NicSge {
-            addr: s.addr,
-            length: s.len,
-            lkey: s.lkey,
-        })
-        .collect()
+/// `f` of `sges` as the NIC's SGEs (converted on the stack for the usual few).
+fn with_nic_sges<T>(sges: &[Sge], f: impl FnOnce(&[NicSge]) -> T) -> T {
+    let nic = |s: &Sge| NicSge {
+        addr: s.addr,
+        length: s.len,
+        lkey: s.lkey,
+    };
+    let mut few = [NicSge::default(); 4];
+    if sges.len() <= few.len() {
+        for (d, s) in few.iter_mut().zip(sges) {
+            *d = nic(s);
+        }
+        f(&few[..sges.len()])
+    } else {
+        f(&sges.iter().map(nic).collect::<Vec<_>>())
+    }
 }
 
 impl HostMemory {
@@ -221,13 +240,15 @@ impl Memory for HostMemory {
             return Ok(());
         }
         let q = self.qp(pd)?;
-        let spans = pin_sges(
-            q.keys(),
-            q.pd_id(),
-            &nic_sges(sges),
-            AccessFlags::empty(),
-            |p, h, n| q.place(p, h, n),
-        )
+        let spans = with_nic_sges(sges, |sges| {
+            pin_sges(
+                q.keys(),
+                q.pd_id(),
+                sges,
+                AccessFlags::empty(),
+                |p, h, n| q.place(p, h, n),
+            )
+        })
         .map_err(|_| MemError::UnknownKey)?;
         let src = window(&spans.spans, offset, out.len()).ok_or(MemError::OutOfBounds)?;
         Self::copy(&src, &[Span::local(out.as_mut_ptr() as usize, out.len())])
@@ -238,13 +259,15 @@ impl Memory for HostMemory {
             return Ok(());
         }
         let q = self.qp(pd)?;
-        let spans = pin_sges(
-            q.keys(),
-            q.recv_pd(),
-            &nic_sges(sges),
-            AccessFlags::LOCAL_WRITE,
-            |p, h, n| q.place(p, h, n),
-        )
+        let spans = with_nic_sges(sges, |sges| {
+            pin_sges(
+                q.keys(),
+                q.recv_pd(),
+                sges,
+                AccessFlags::LOCAL_WRITE,
+                |p, h, n| q.place(p, h, n),
+            )
+        })
         .map_err(|_| MemError::NoRights)?;
         let dst = window(&spans.spans, offset, data.len()).ok_or(MemError::OutOfBounds)?;
         Self::copy(&[Span::of(data)], &dst)
@@ -282,7 +305,9 @@ mod tests {
     fn a_window_cuts_the_message_where_asked() {
         let spans = [Span::local(100, 10), Span::local(200, 5)];
         let w = window(&spans, 8, 4).unwrap();
-        assert_eq!(w, [Span::local(108, 2), Span::local(200, 2)]);
+        assert_eq!(w[..], [Span::local(108, 2), Span::local(200, 2)]);
+        // Within the first piece: that piece, cut.
+        assert_eq!(window(&spans, 2, 5).unwrap()[..], [Span::local(102, 5)]);
         assert_eq!(window(&spans, 0, 15).unwrap().len(), 2);
         assert!(window(&spans, 10, 6).is_none());
         let strided = [Span {
@@ -293,6 +318,6 @@ mod tests {
             stride: 16,
         }];
         let w = window(&strided, 2, 6).unwrap();
-        assert_eq!(w, [Span::local(0x1002, 2), Span::local(0x1010, 4)]);
+        assert_eq!(w[..], [Span::local(0x1002, 2), Span::local(0x1010, 4)]);
     }
 }

@@ -53,6 +53,7 @@ use faults::FaultInjector;
 use io::{Capture, HEADROOM, Socket};
 use memory::HostMemory;
 use outbox::Outbox;
+use rustc_hash::FxHashMap;
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fd::{AsRawFd, OwnedFd};
 use rustix::net::{
@@ -65,8 +66,8 @@ use softverbs_roce::transport::{
     Completion, Event, Memory, NetworkHeader, QpAccess, QpConfig, QpCounters, QpError, QpType,
     RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
 };
-use softverbs_roce::wire::{NakCode, Psn};
-use std::collections::{HashMap, VecDeque};
+use softverbs_roce::wire::{NakCode, Opcode, Psn};
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
@@ -121,7 +122,7 @@ struct EngineQp {
     wrs: VecDeque<(u32, u64, bool)>,
     /// Binds and local invalidations executed here, by number: their status and opcode,
     /// completed once every request before them has (completions stay in order).
-    local_done: HashMap<u32, (NicStatus, NicOp)>,
+    local_done: FxHashMap<u32, (NicStatus, NicOp)>,
     /// In the transport core (after RTR).
     live: bool,
     /// Its RTS was seen: the requester has its first PSN.
@@ -157,7 +158,7 @@ struct Engine {
     groups: Vec<Socket>,
     listener: OwnedFd,
     clients: Vec<Client>,
-    qps: HashMap<u32, EngineQp>,
+    qps: FxHashMap<u32, EngineQp>,
     bell: Doorbell,
     state: Segment,
     faults: FaultInjector,
@@ -531,7 +532,7 @@ impl Engine {
             groups: Vec::new(),
             listener,
             clients: Vec::new(),
-            qps: HashMap::new(),
+            qps: FxHashMap::default(),
             bell: Doorbell::new()?,
             state,
             epoch: Instant::now(),
@@ -792,7 +793,7 @@ impl Engine {
                         tag,
                         sq_sig_all: false,
                         wrs: VecDeque::new(),
-                        local_done: HashMap::new(),
+                        local_done: FxHashMap::default(),
                         live: false,
                         ready: false,
                         modified: false,
@@ -1006,16 +1007,19 @@ impl Engine {
                 self.cm_incoming(start, end);
                 return;
             }
+            // (`bth` is the BTH's QP number: its opcode is 5 bytes before.)
+            let needs_receive =
+                Opcode::from_u8(self.rx[bth - 5]).is_ok_and(|o| o.op.takes_receive());
             match group {
+                _ if !needs_receive => {}
                 // A copy for each member: each needs a receive.
                 Some(g) => {
                     for m in self.ep.members(g).to_vec() {
                         self.lend_receive(m);
                     }
                 }
-                // An XRC request names the SRQ whose receive it needs (XRCETH).
-                // (`bth` is the BTH's QP number: its opcode is 5 bytes before, the
-                // XRCETH's SRQ number 8 bytes after.)
+                // An XRC request names the SRQ whose receive it needs (XRCETH), 8 bytes
+                // after the BTH's QP number.
                 None if self.rx[bth - 5] & 0xe0 == 0xa0 && end >= bth + 11 => {
                     let x = bth + 8;
                     let srqn = u32::from_be_bytes([0, self.rx[x], self.rx[x + 1], self.rx[x + 2]]);
