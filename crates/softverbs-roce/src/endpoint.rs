@@ -7,9 +7,12 @@
 //! socket and a clock in the NIC, the simulator in tests.
 
 use crate::Time;
+use crate::transport::Transmit;
 use crate::transport::{Event, Linger, Memory, Qp, QpConfig};
 use crate::wire::icrc::IdentDeltas;
-use crate::wire::{Datagram, IpRepr, WireError, emit_datagram};
+use crate::wire::{
+    Datagram, Headers, IpRepr, UdpRepr, WireError, emit_datagram, emit_datagram_around,
+};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 
@@ -325,52 +328,99 @@ impl<M: Memory> Endpoint<M> {
 
     /// The next datagram to send, written into `buf`: its destination and length.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(IpAddr, usize)> {
-        let mut due = None;
-        while due.is_none()
-            && let Some(q) = self.lingering_due.pop_front()
-        {
-            due = self.lingering.get_mut(&q).and_then(Linger::poll_transmit);
-        }
-        for _ in 0..self.turn.len() + 1 {
-            let t = if let Some(t) = due.take() {
-                t
-            } else {
-                let qpn = self.turn.pop_front()?;
-                self.turn.push_back(qpn);
-                let Some(qp) = self.qps.get_mut(&qpn) else {
-                    continue;
-                };
-                let t = qp.poll_transmit(now, &self.mem, &mut self.payload);
-                Self::drain_events(qp, &mut self.events);
-                let Some(t) = t else { continue };
-                t
-            };
-            let Some(mut ip) = IpRepr::between(self.source_for(t.dst), t.dst) else {
+        let mut payload = std::mem::take(&mut self.payload);
+        let mut sent = None;
+        while let Some(t) = self.next_transmit(now, &mut payload) {
+            let Some(ip) = self.ip_for(t.dst) else {
                 continue;
             };
-            self.ident = self.ident.wrapping_add(1);
-            if let IpRepr::V4(h) = &mut ip {
-                h.ident = if self.kernel_port.is_some() {
-                    0
-                } else {
-                    self.ident
-                };
+            let port = self.kernel_port.unwrap_or(t.src_port);
+            // A buffer that cannot hold a packet of our MTU is a bug of the caller's: the
+            // packet is lost and retransmission covers it.
+            if let Ok(n) = emit_datagram(&ip, port, &t.headers, &payload[..t.payload_len], buf) {
+                sent = Some((t.dst, 0..n));
+                break;
             }
-            match emit_datagram(
-                &ip,
-                self.kernel_port.unwrap_or(t.src_port),
-                &t.headers,
-                &self.payload[..t.payload_len],
-                buf,
-            ) {
-                Ok(n) => {
-                    self.counters.datagrams_sent += 1;
-                    self.counters.bytes_sent += n as u64;
-                    return Some((t.dst, n));
-                }
-                // The caller's buffer cannot hold a packet of our MTU: a bug of the caller's;
-                // the packet is lost and retransmission covers it.
-                Err(_) => continue,
+        }
+        self.payload = payload;
+        self.count_sent(sent).map(|(dst, r)| (dst, r.end))
+    }
+
+    /// Room [`poll_transmit_at`](Self::poll_transmit_at) leaves in front of a payload for the
+    /// headers: an IPv6 header, UDP and the longest transport headers.
+    pub const HEADROOM: usize = 40 + UdpRepr::LEN + Headers::MAX_LEN;
+
+    /// As [`poll_transmit`](Self::poll_transmit), with the payload gathered straight into
+    /// `buf` (at [`HEADROOM`](Self::HEADROOM)) and the headers written in front of it: the
+    /// datagram's destination and where it lies in `buf`, which must hold `HEADROOM` bytes
+    /// and the largest packet.
+    pub fn poll_transmit_at(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+    ) -> Option<(IpAddr, std::ops::Range<usize>)> {
+        let mut sent = None;
+        while buf.len() > Self::HEADROOM {
+            let Some(t) = self.next_transmit(now, &mut buf[Self::HEADROOM..]) else {
+                break;
+            };
+            let Some(ip) = self.ip_for(t.dst) else {
+                continue;
+            };
+            let port = self.kernel_port.unwrap_or(t.src_port);
+            if let Ok(r) =
+                emit_datagram_around(&ip, port, &t.headers, buf, Self::HEADROOM, t.payload_len)
+            {
+                sent = Some((t.dst, r));
+                break;
+            }
+        }
+        self.count_sent(sent)
+    }
+
+    fn count_sent(
+        &mut self,
+        sent: Option<(IpAddr, std::ops::Range<usize>)>,
+    ) -> Option<(IpAddr, std::ops::Range<usize>)> {
+        if let Some((_, r)) = &sent {
+            self.counters.datagrams_sent += 1;
+            self.counters.bytes_sent += r.len() as u64;
+        }
+        sent
+    }
+
+    /// The IP header of a datagram to `dst` (from an address of its family: see
+    /// `next_transmit`).
+    fn ip_for(&mut self, dst: IpAddr) -> Option<IpRepr> {
+        let mut ip = IpRepr::between(self.source_for(dst), dst)?;
+        self.ident = self.ident.wrapping_add(1);
+        if let IpRepr::V4(h) = &mut ip {
+            h.ident = if self.kernel_port.is_some() {
+                0
+            } else {
+                self.ident
+            };
+        }
+        Some(ip)
+    }
+
+    /// The next packet of a QP's (or of a lingering QP's), its payload written into `payload`.
+    fn next_transmit(&mut self, now: Time, payload: &mut [u8]) -> Option<Transmit> {
+        while let Some(q) = self.lingering_due.pop_front() {
+            if let Some(t) = self.lingering.get_mut(&q).and_then(Linger::poll_transmit) {
+                return Some(t);
+            }
+        }
+        for _ in 0..self.turn.len() {
+            let qpn = self.turn.pop_front()?;
+            self.turn.push_back(qpn);
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            let t = qp.poll_transmit(now, &self.mem, payload);
+            Self::drain_events(qp, &mut self.events);
+            if let Some(t) = t {
+                return Some(t);
             }
         }
         None
@@ -420,8 +470,13 @@ impl<M: Memory> crate::sim::Node for Endpoint<M> {
     fn handle_datagram(&mut self, now: Time, datagram: &[u8]) {
         Endpoint::handle_datagram(self, now, datagram);
     }
+    /// Through [`Endpoint::poll_transmit_at`], the engine's way (the payload gathered in
+    /// place), so that every simulated run checks it.
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<crate::sim::Transmit> {
-        Endpoint::poll_transmit(self, now, buf).map(|(dst, len)| crate::sim::Transmit { len, dst })
+        let (dst, r) = Endpoint::poll_transmit_at(self, now, buf)?;
+        let len = r.len();
+        buf.copy_within(r, 0);
+        Some(crate::sim::Transmit { len, dst })
     }
     fn handle_timeout(&mut self, now: Time) {
         Endpoint::handle_timeout(self, now);

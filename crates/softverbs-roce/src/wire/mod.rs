@@ -36,7 +36,7 @@ pub use bth::{Bth, Psn};
 pub use ext::{Aeth, AethKind, AtomicAckEth, AtomicEth, Deth, NakCode, Reth};
 pub use ip::{IpRepr, Ipv4Repr, Ipv6Repr};
 pub use opcode::{Op, Opcode, Transport};
-pub use packet::{Datagram, Headers, emit_datagram};
+pub use packet::{Datagram, Headers, emit_datagram, emit_datagram_around};
 pub use udp::UdpRepr;
 
 /// The UDP destination port of RoCEv2.

@@ -155,19 +155,33 @@ impl Headers {
         Ok((h, &rest[..rest.len() - pad]))
     }
 
+    /// The most bytes of headers any opcode has (a bound, for room left in front of a
+    /// payload written before its headers: see [`emit_datagram_around`]).
+    pub const MAX_LEN: usize = 128;
+
     /// Emits the headers, `payload` and its pad into `buf` (the BTH's pad count is set from
     /// the payload's length); returns the bytes written.
     pub fn emit(&self, payload: &[u8], buf: &mut [u8]) -> Result<usize, WireError> {
+        let at = self.emit_head(payload.len(), buf)?;
+        let pad = (4 - payload.len() % 4) % 4;
+        let b = room(buf, at, payload.len() + pad)?;
+        b[..payload.len()].copy_from_slice(payload);
+        b[payload.len()..].fill(0);
+        Ok(at + payload.len() + pad)
+    }
+
+    /// Emits the headers alone, for `payload_len` bytes of payload to follow them (the
+    /// BTH's pad count is set from it); returns the bytes written.
+    pub fn emit_head(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize, WireError> {
         self.check()?;
-        if !self.bth.opcode.op.has_payload() && !payload.is_empty() {
+        if !self.bth.opcode.op.has_payload() && payload_len != 0 {
             return Err(WireError::UnexpectedPayload {
                 opcode: self.bth.opcode.to_u8(),
-                len: payload.len(),
+                len: payload_len,
             });
         }
-        let pad = (4 - payload.len() % 4) % 4;
-        let total = self.len() + payload.len() + pad;
-        let b = room(buf, 0, total)?;
+        let pad = (4 - payload_len % 4) % 4;
+        let b = room(buf, 0, self.len())?;
         let mut bth = self.bth;
         bth.pad = pad as u8;
         let mut at = bth.emit(b)?;
@@ -198,10 +212,7 @@ impl Headers {
             b[at..at + 4].copy_from_slice(&word.to_be_bytes());
             at += 4;
         }
-        b[at..at + payload.len()].copy_from_slice(payload);
-        at += payload.len();
-        b[at..at + pad].fill(0);
-        Ok(at + pad)
+        Ok(at)
     }
 }
 
@@ -346,20 +357,46 @@ pub fn emit_datagram(
     payload: &[u8],
     buf: &mut [u8],
 ) -> Result<usize, WireError> {
+    let at = ip.len() + UdpRepr::LEN + headers.len();
+    room(buf, at, payload.len())?.copy_from_slice(payload);
+    let r = emit_datagram_around(ip, src_port, headers, buf, at, payload.len())?;
+    debug_assert_eq!(r.start, 0);
+    Ok(r.end)
+}
+
+/// Emits a whole packet around the `payload_len` bytes of payload already at
+/// `buf[payload_at..]` (so a payload gathered in place is not copied again): the IP, UDP and
+/// transport headers end at `payload_at`, the pad and the ICRC follow the payload, as
+/// [`emit_datagram`] writes them. Returns where the datagram lies in `buf`.
+pub fn emit_datagram_around(
+    ip: &IpRepr,
+    src_port: u16,
+    headers: &Headers,
+    buf: &mut [u8],
+    payload_at: usize,
+    payload_len: usize,
+) -> Result<std::ops::Range<usize>, WireError> {
     let ip_len = ip.len();
-    let transport_len = headers.len() + payload.len().next_multiple_of(4);
+    let start = payload_at
+        .checked_sub(ip_len + UdpRepr::LEN + headers.len())
+        .ok_or(WireError::Truncated {
+            what: "room before the payload",
+            need: ip_len + UdpRepr::LEN + headers.len(),
+            have: payload_at,
+        })?;
+    let pad = (4 - payload_len % 4) % 4;
+    let transport_len = headers.len() + payload_len + pad;
     let udp_len = UdpRepr::LEN + transport_len + ICRC_LEN;
-    let total = ip_len + udp_len;
-    room(buf, 0, total)?;
-    ip.emit(udp_len, buf)?;
+    let b = room(buf, start, ip_len + udp_len)?;
+    ip.emit(udp_len, b)?;
     let at = ip_len + UdpRepr::LEN;
-    let written = headers.emit(payload, &mut buf[at..])?;
-    debug_assert_eq!(written, transport_len);
+    headers.emit_head(payload_len, &mut b[at..])?;
+    b[at + headers.len() + payload_len..at + transport_len].fill(0);
     let udp = UdpRepr {
         src_port,
         dst_port: ROCE_PORT,
     };
-    let (head, rest) = buf.split_at_mut(ip_len);
+    let (head, rest) = b.split_at_mut(ip_len);
     udp.emit(ip, udp_len - UdpRepr::LEN, false, rest)?;
     let crc = icrc::compute(
         head,
@@ -370,7 +407,7 @@ pub fn emit_datagram(
     if matches!(ip, IpRepr::V6(_)) {
         udp.emit(ip, udp_len - UdpRepr::LEN, true, rest)?;
     }
-    Ok(total)
+    Ok(start..start + ip_len + udp_len)
 }
 
 #[cfg(test)]

@@ -1145,11 +1145,11 @@ impl Engine {
             if !self.out.has_room() {
                 self.send_all();
             }
-            let Some((dst, n)) = self.ep.poll_transmit(now, self.out.spare()) else {
+            let Some((dst, r)) = self.ep.poll_transmit_at(now, self.out.spare()) else {
                 break;
             };
             any = true;
-            self.out.commit(dst, n);
+            self.out.commit_range(dst, r);
             if self.faults.active() {
                 self.faults.apply_last(now, &mut self.out);
             }

@@ -20,9 +20,12 @@ use std::net::IpAddr;
 /// Bytes of datagrams the outbox holds before it must be sent: room for a burst of full
 /// packets of the largest MTU.
 const CAPACITY: usize = 512 << 10;
-/// The largest datagram the core writes (IPv6, UDP, 4096 bytes of payload and the
-/// headers around it), with room to spare.
-pub(crate) const MAX_DATAGRAM: usize = 4096 + 256;
+/// The room the core needs to write a datagram in place: the largest datagram (IPv6, UDP,
+/// 4096 bytes of payload and the headers around it) after the headroom it leaves in front
+/// of a payload ([`Endpoint::poll_transmit_at`]).
+///
+/// [`Endpoint::poll_transmit_at`]: softverbs_roce::endpoint::Endpoint::poll_transmit_at
+pub(crate) const MAX_DATAGRAM: usize = 4096 + 256 + 256;
 /// Segments in one GSO send at most (the kernel allows 64, or 128 from Linux 5.x on).
 pub(crate) const MAX_SEGMENTS: usize = 64;
 /// UDP payload bytes of one GSO send at most: an IP datagram's 65,535 less the IPv4 and UDP
@@ -83,13 +86,20 @@ impl Outbox {
 
     /// The `len` bytes written at [`spare`](Self::spare) are a datagram to `dst`.
     pub(crate) fn commit(&mut self, dst: IpAddr, len: usize) {
-        let len = len.min(CAPACITY - self.used);
+        self.commit_range(dst, 0..len);
+    }
+
+    /// The bytes `r` of [`spare`](Self::spare) are a datagram to `dst` (those before it are
+    /// left unused).
+    pub(crate) fn commit_range(&mut self, dst: IpAddr, r: std::ops::Range<usize>) {
+        let end = r.end.min(CAPACITY - self.used);
+        let start = r.start.min(end);
         self.items.push(Item {
             dst,
-            at: self.used,
-            len,
+            at: self.used + start,
+            len: end - start,
         });
-        self.used += len;
+        self.used += end;
     }
 
     /// Adds a copy of `datagram`; false if it does not fit (send first).
@@ -112,7 +122,7 @@ impl Outbox {
     pub(crate) fn pop(&mut self) -> Option<(IpAddr, Vec<u8>)> {
         let it = self.items.pop()?;
         let bytes = self.buf[it.at..it.at + it.len].to_vec();
-        self.used = it.at;
+        self.used = self.items.last().map_or(0, |p| p.at + p.len);
         Some((it.dst, bytes))
     }
 
