@@ -552,6 +552,8 @@ pub fn run(args: &Args) -> Result<()> {
     }
     report.device = device_name;
     report.cpu_pair = pair;
+    // The ends count only their own CPU, to which they are pinned.
+    report.cpus = crate::report::cpus();
     let a_done = a.finish();
     let b_done = b.finish();
     if report.error.is_none() {

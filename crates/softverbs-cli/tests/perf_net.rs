@@ -86,9 +86,20 @@ fn udp_baselines_across_two_namespaces() {
     if !available_for_test("perf --net baselines") {
         return;
     }
-    let o = perf_net(&["--baselines-only", "--mtu", "9000"]);
+    // Host A on the second CPU and B on the first, where there are two.
+    let two = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+    let cpus = if two { "1,0" } else { "0,0" };
+    let o = perf_net(&["--baselines-only", "--mtu", "9000", "--cpus", cpus]);
     let r = report(&o);
     assert!(o.status.success(), "{r}");
+    let pair: Vec<u64> = r["cpu_pair"]
+        .as_array()
+        .expect("cpu_pair")
+        .iter()
+        .filter_map(|c| c.as_u64())
+        .collect();
+    assert_eq!(pair, if two { [1, 0] } else { [0, 0] }, "{r}");
+    assert!(r["cpu_model"].as_str().is_some_and(|m| !m.is_empty()), "{r}");
     assert_eq!(r["ok"], true, "{r}");
     assert_eq!(r["mode"], "two network namespaces");
     assert_eq!(
