@@ -30,11 +30,11 @@ use crate::perf::{
 };
 use crate::report::print_report;
 use serde::{Deserialize, Serialize};
+use softverbs::nic::engine::{UDP_GRO, UDP_SEGMENT, set_udp_option};
 use softverbs::{Device, Gid};
 use softverbs_cli::netns::{self, HostNs, NetConfig, NetPair};
 use std::io::{BufRead, BufReader, ErrorKind, IoSlice};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,9 +56,6 @@ const SINK_RCVBUF: usize = 32 << 20;
 const DRAIN_QUIET: Duration = Duration::from_millis(20);
 /// The whole run, as the user's process waits for the report.
 const RUN_LIMIT: Duration = Duration::from_secs(600);
-/// `setsockopt(SOL_UDP, ...)` options of linux/udp.h (glibc's libc crate lacks them).
-const UDP_SEGMENT: libc::c_int = 103;
-const UDP_GRO: libc::c_int = 104;
 /// IPv4 and UDP headers: a datagram's payload is the MTU less these.
 const IPV4_UDP_HEADERS: usize = 28;
 
@@ -1021,26 +1018,6 @@ enum StreamError {
     Failed(crate::Error),
 }
 
-/// Sets an integer `SOL_UDP` option.
-fn set_udp_opt(sock: &UdpSocket, opt: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: a valid socket descriptor (borrowed from `sock` for the call), and a pointer to
-    // a live c_int with its exact size, which the kernel only reads.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_UDP,
-            opt,
-            (&raw const value).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// A's stream to the connected `sock`: `payload`-byte datagrams, `method`'s way, for
 /// `total` bytes (or BW_TIME_CAP); the bytes sent.
 fn udp_stream(
@@ -1056,7 +1033,7 @@ fn udp_stream(
     let batch = method.batch(payload);
     let buf: Vec<u8> = (0..payload * batch).map(|j| j as u8).collect();
     if method == Method::Gso {
-        set_udp_opt(sock, UDP_SEGMENT, payload as libc::c_int)
+        set_udp_option(sock, UDP_SEGMENT, payload as libc::c_int)
             .map_err(|e| StreamError::NotOffered(format!("setsockopt(UDP_SEGMENT): {e}")))?;
     }
     let t0 = Instant::now();
@@ -1116,7 +1093,7 @@ fn tune_sink(sock: &UdpSocket) {
     if rustix::net::sockopt::set_socket_recv_buffer_size_force(sock, SINK_RCVBUF).is_err() {
         let _ = rustix::net::sockopt::set_socket_recv_buffer_size(sock, SINK_RCVBUF);
     }
-    let _ = set_udp_opt(sock, UDP_GRO, 1);
+    let _ = set_udp_option(sock, UDP_GRO, 1);
 }
 
 /// B's side of a stream: counts what arrives until A's `udp_end` and a quiet moment after

@@ -99,7 +99,10 @@ fn udp_baselines_across_two_namespaces() {
         .filter_map(|c| c.as_u64())
         .collect();
     assert_eq!(pair, if two { [1, 0] } else { [0, 0] }, "{r}");
-    assert!(r["cpu_model"].as_str().is_some_and(|m| !m.is_empty()), "{r}");
+    assert!(
+        r["cpu_model"].as_str().is_some_and(|m| !m.is_empty()),
+        "{r}"
+    );
     assert_eq!(r["ok"], true, "{r}");
     assert_eq!(r["mode"], "two network namespaces");
     assert_eq!(

@@ -44,6 +44,9 @@ pub mod types;
 
 /// The host engine of networked devices, as programs and the CLI see it.
 pub mod engine {
+    pub use crate::transport::roce::engine::io::{
+        ENV_ENGINE_BATCH, UDP_GRO, UDP_SEGMENT, set_udp_option,
+    };
     pub use crate::transport::roce::engine::{
         ENV_ENGINE_EXE, ENV_ENGINE_LOG, ENV_ENGINE_SPIN, serve,
     };

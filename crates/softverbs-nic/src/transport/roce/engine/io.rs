@@ -26,9 +26,10 @@ pub(crate) const ROCE_PORT: u16 = 4791;
 /// Room in front of a received payload for the headers put back: IPv6 and UDP.
 pub(crate) const HEADROOM: usize = 48;
 
-/// `SOL_UDP` options of linux/udp.h (the libc crate lacks them for glibc).
-const UDP_SEGMENT: libc::c_int = 103;
-const UDP_GRO: libc::c_int = 104;
+/// `SOL_UDP` options of linux/udp.h (the libc crate lacks them for glibc): GSO's segment
+/// size, and GRO on a receiving socket.
+pub const UDP_SEGMENT: libc::c_int = 103;
+pub const UDP_GRO: libc::c_int = 104;
 
 /// The environment variable that turns GSO sends and GRO reads off when `0`.
 pub const ENV_ENGINE_BATCH: &str = "SOFTVERBS_ENGINE_BATCH";
@@ -253,8 +254,12 @@ impl Socket {
     }
 }
 
-/// Sets an integer `SOL_UDP` option.
-fn set_udp_option(sock: &UdpSocket, opt: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
+/// Sets an integer `SOL_UDP` option (also used by `perf --net`'s UDP baselines).
+pub fn set_udp_option(
+    sock: &UdpSocket,
+    opt: libc::c_int,
+    value: libc::c_int,
+) -> std::io::Result<()> {
     // SAFETY: a valid socket and a c_int option of the size passed, which the kernel reads.
     let rc = unsafe {
         libc::setsockopt(
