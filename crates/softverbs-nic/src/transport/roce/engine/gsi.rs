@@ -34,6 +34,7 @@ use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{
     AddressFamily, SendFlags, SocketAddrUnix, SocketFlags, SocketType, bind, sendto, socket_with,
 };
+use softverbs_roce::wire::icrc::IdentDeltas;
 use softverbs_roce::wire::{Bth, Datagram, Deth, Headers, IpRepr, Opcode, Psn, emit_datagram};
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -459,6 +460,9 @@ pub(crate) struct Gsi {
     /// only `net.unix.max_dgram_qlen`, 10, and a burst of connects brings more), in order,
     /// with when they came; sent again each turn, for at most [`HOLD_FOR`].
     held: VecDeque<(Route, Envelope, Instant)>,
+    /// The IPv4 identifications of arriving MADs, which a run of them sent at once carries
+    /// (a GSO send: see [`Datagram::parse_received`]).
+    idents: IdentDeltas,
 }
 
 /// How long a MAD waits for room at its receiver before it is dropped (the CM's own retry,
@@ -497,6 +501,7 @@ impl Gsi {
             leases: Leases::default(),
             next_check: Instant::now(),
             held: VecDeque::new(),
+            idents: IdentDeltas::default(),
         }
     }
 
@@ -657,10 +662,10 @@ impl Gsi {
     /// A datagram to QP1 arrived (whole, as the engine rebuilt it): delivers its MAD to the
     /// local agent or listener it is for, or appends the answer of a host without listener
     /// to `out`, or drops and counts it.
-    pub(crate) fn incoming(&mut self, datagram: &[u8], out: &mut Vec<(IpAddr, Vec<u8>)>) {
+    pub(crate) fn incoming(&mut self, datagram: &mut [u8], out: &mut Vec<(IpAddr, Vec<u8>)>) {
         self.counts.wire_received += 1;
         self.counts.wire_received_bytes += datagram.len() as u64;
-        let d = match Datagram::parse(datagram) {
+        let d = match Datagram::parse_received(datagram, &mut self.idents) {
             Ok(d) => d,
             Err(e) => {
                 if matches!(e, softverbs_roce::wire::WireError::Icrc { .. }) {
@@ -1027,7 +1032,7 @@ mod tests {
         let reqs: Vec<[u8; MAD_LEN]> = (0..40).map(|k| req(0x1000 + k, sid)).collect();
         let mut out = Vec::new();
         for (k, r) in reqs.iter().enumerate() {
-            g.incoming(&gsi_datagram(peer, me, k as u32, r).unwrap(), &mut out);
+            g.incoming(&mut gsi_datagram(peer, me, k as u32, r).unwrap(), &mut out);
         }
         assert!(g.holding(), "the queue filled and the rest is held");
         assert_eq!(g.counts.no_receiver, 0, "nothing dropped");
@@ -1086,9 +1091,9 @@ mod tests {
         );
 
         // In: the REQ reaches the listener, marked as from the network.
-        let wire_req = gsi_datagram(peer, me, 5, &r).unwrap();
+        let mut wire_req = gsi_datagram(peer, me, 5, &r).unwrap();
         out.clear();
-        g.incoming(&wire_req, &mut out);
+        g.incoming(&mut wire_req, &mut out);
         assert!(out.is_empty());
         let got = recv_envelope(&listener).expect("the listener got the REQ");
         assert_eq!(got.flags, FROM_NETWORK);
@@ -1097,17 +1102,36 @@ mod tests {
             (gid_of(peer), gid_of(me), 1)
         );
         assert_eq!(got.mad, r);
+        // The same MAD as segment 5 of a GSO send (a burst of connects): signed for IPv4
+        // identification 5, which the receiver's socket does not show (it rebuilds 0).
+        let mut fifth = gsi_datagram(peer, me, 5, &r).unwrap();
+        let n = fifth.len();
+        let icrc = u32::from_le_bytes(fifth[n - 4..].try_into().unwrap())
+            ^ IdentDeltas::default().delta(n, 5);
+        fifth[n - 4..].copy_from_slice(&icrc.to_le_bytes());
+        assert!(
+            Datagram::parse(&fifth).is_err(),
+            "signed for another identification"
+        );
+        g.incoming(&mut fifth, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(recv_envelope(&listener).map(|e| e.mad), Some(r));
+        assert_eq!(
+            fifth[4..6],
+            [0, 5],
+            "the identification found, written back"
+        );
 
         // A REP for the agent's comm ID reaches the agent.
         let mut rep = mad(0x13);
         rep[24..28].copy_from_slice(&0x7777_7777u32.to_be_bytes());
         rep[28..32].copy_from_slice(&(agent_id << 12 | 0x123).to_be_bytes());
-        g.incoming(&gsi_datagram(peer, me, 6, &rep).unwrap(), &mut out);
+        g.incoming(&mut gsi_datagram(peer, me, 6, &rep).unwrap(), &mut out);
         assert_eq!(recv_envelope(&agent).map(|e| e.mad), Some(rep));
 
         // A REQ for a service nobody has: a REJ back to the sender.
         let lonely = req(0x4242_4242, sid ^ 0xffff_0000);
-        g.incoming(&gsi_datagram(peer, me, 7, &lonely).unwrap(), &mut out);
+        g.incoming(&mut gsi_datagram(peer, me, 7, &lonely).unwrap(), &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].0, peer);
         let back = Datagram::parse(&out[0].1).unwrap();
@@ -1117,15 +1141,15 @@ mod tests {
         out.clear();
         let mut orphan = rep;
         orphan[28] ^= 0x40;
-        g.incoming(&gsi_datagram(peer, me, 8, &orphan).unwrap(), &mut out);
+        g.incoming(&mut gsi_datagram(peer, me, 8, &orphan).unwrap(), &mut out);
         let mut bad = gsi_datagram(peer, me, 9, &r).unwrap();
         let at = bad.len() - 30;
         bad[at] ^= 1;
-        g.incoming(&bad, &mut out);
-        g.incoming(&bad[..20], &mut out);
+        g.incoming(&mut bad.clone(), &mut out);
+        g.incoming(&mut bad[..20], &mut out);
         let mut other = r;
         other[1] = 0x04;
-        g.incoming(&gsi_datagram(peer, me, 10, &other).unwrap(), &mut out);
+        g.incoming(&mut gsi_datagram(peer, me, 10, &other).unwrap(), &mut out);
         assert!(out.is_empty(), "nothing answers those");
         let c = g.counts;
         assert_eq!(
@@ -1135,7 +1159,7 @@ mod tests {
                 c.rejected_no_listener,
                 c.no_receiver
             ),
-            (4, 2, 1, 1)
+            (5, 3, 1, 1)
         );
         assert_eq!((c.bad_packets, c.icrc_errors), (3, 1));
         assert_eq!(c.dropped, 3 + 1 + 3, "envelopes, no receiver, bad packets");
@@ -1409,11 +1433,11 @@ mod tests {
             m[16..18].copy_from_slice(&attr.to_be_bytes());
             let mut g = Gsi::unbound();
             let mut out = Vec::new();
-            g.incoming(&raw, &mut out);
+            g.incoming(&mut raw.clone(), &mut out);
             proptest::prop_assert!(out.is_empty());
             let me: IpAddr = "10.0.0.2".parse().unwrap();
-            let d = gsi_datagram("10.0.0.1".parse().unwrap(), me, 3, &m).unwrap();
-            g.incoming(&d, &mut out);
+            let mut d = gsi_datagram("10.0.0.1".parse().unwrap(), me, 3, &m).unwrap();
+            g.incoming(&mut d, &mut out);
             let c = g.counts;
             proptest::prop_assert_eq!(c.wire_received, 2);
             proptest::prop_assert_eq!(c.received + c.bad_packets, 2);

@@ -1001,10 +1001,11 @@ impl Engine {
             let qpn = u32::from_be_bytes([0, self.rx[bth], self.rx[bth + 1], self.rx[bth + 2]]);
             // The GSI's packets are the host's CM, never the transport core's.
             if qpn == gsi::GSI_QPN && group.is_none() {
+                self.cm_incoming(start, end);
+                // Recorded after the GSI saw it, as the others: with its identification.
                 if let Some(c) = &mut self.capture {
                     c.record(&self.rx[start..end]);
                 }
-                self.cm_incoming(start, end);
                 return;
             }
             // (`bth` is the BTH's QP number: its opcode is 5 bytes before.)
@@ -1184,7 +1185,7 @@ impl Engine {
     /// A datagram to QP1 in `self.rx[start..end]`: to the local agent it is for, or answered.
     fn cm_incoming(&mut self, start: usize, end: usize) {
         let mut out = Vec::new();
-        self.gsi.incoming(&self.rx[start..end], &mut out);
+        self.gsi.incoming(&mut self.rx[start..end], &mut out);
         self.send_gsi(out);
     }
 
