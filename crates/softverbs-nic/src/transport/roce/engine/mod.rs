@@ -175,6 +175,11 @@ struct Engine {
     spin: Duration,
     /// poll(2) saw a control message or a connection waiting.
     control_due: bool,
+    /// The sockets (unicast, then groups) poll(2) saw readable when the engine woke: the
+    /// others are not read on that turn (each empty read is a system call).
+    readable: Vec<bool>,
+    /// The last turn stopped short of all there was to do (a batch limit).
+    more: bool,
     last_control: Instant,
 }
 
@@ -545,6 +550,8 @@ impl Engine {
             started: Instant::now(),
             spin: Duration::ZERO,
             control_due: true,
+            readable: Vec::new(),
+            more: false,
             last_control: Instant::now(),
         })
     }
@@ -564,6 +571,7 @@ impl Engine {
             // Control messages are read when poll(2) said they came, and every millisecond
             // while busy: each look is a system call per client, too many for every turn.
             let mut busy = false;
+            self.more = false;
             if self.control_due || self.last_control.elapsed() >= CONTROL_EVERY {
                 busy |= self.accept();
                 busy |= self.control();
@@ -597,7 +605,12 @@ impl Engine {
                 (false, Some(_)) => alone_since = None,
                 _ => {}
             }
-            if !busy && last_work.elapsed() >= self.spin {
+            // With no spin, a turn that did all there was to do ends in sleep (whose poll
+            // returns at once for anything that came meanwhile) rather than in another turn
+            // of empty reads.
+            let done =
+                !busy || (self.spin.is_zero() && !self.more && self.ep.pending_events() == 0);
+            if done && last_work.elapsed() >= self.spin {
                 self.sleep();
                 last_work = Instant::now() - self.spin / 2;
             }
@@ -662,6 +675,10 @@ impl Engine {
         };
         let _ = poll(&mut fds, Some(&ts));
         let rang = !fds[1].revents().is_empty();
+        let socks = self.socks.len() + self.groups.len();
+        self.readable.clear();
+        self.readable
+            .extend(fds[2..2 + socks].iter().map(|f| !f.revents().is_empty()));
         let first_client = 2 + self.socks.len() + self.groups.len();
         let control = !fds[0].revents().is_empty()
             || fds[first_client..].iter().any(|f| !f.revents().is_empty());
@@ -953,9 +970,17 @@ impl Engine {
     fn receive(&mut self) -> bool {
         let mut any = false;
         let (unicast, groups) = (self.socks.len(), self.groups.len());
+        let readable = std::mem::take(&mut self.readable);
         for s in 0..unicast + groups {
+            if readable.get(s) == Some(&false) {
+                continue;
+            }
             let mut datagrams = 0;
-            while datagrams < BATCH {
+            loop {
+                if datagrams >= BATCH {
+                    self.more = true;
+                    break;
+                }
                 let sock = match s.checked_sub(unicast) {
                     None => &self.socks[s],
                     Some(g) => &self.groups[g],
@@ -1142,7 +1167,13 @@ impl Engine {
         let mut any = false;
         let now = self.now();
         self.faults.due(now, &mut self.out);
-        for _ in 0..BATCH * 4 {
+        let mut sent = 0;
+        loop {
+            if sent == BATCH * 4 {
+                self.more = true;
+                break;
+            }
+            sent += 1;
             if !self.out.has_room() {
                 self.send_all();
             }
