@@ -211,7 +211,9 @@ mod tests {
             (8, 1 << 20),
             ch,
             Arc::new(AsyncQueue::new().unwrap()),
-            Arc::new(|_, _| {}),
+            (0..4)
+                .map(|_| std::sync::atomic::AtomicU32::new(0))
+                .collect(),
             crate::clock::Clock::new(64),
             None,
             WcExFlags::STANDARD,

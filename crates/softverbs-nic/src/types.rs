@@ -141,7 +141,8 @@ macro_rules! verbs_enum {
         pub enum $name { $($(#[$vm])* $var = $val),+ }
         impl $name {
             /// The value from its C number; `None` for a number verbs does not define.
-            pub fn from_raw(v: u32) -> Option<Self> {
+            #[inline]
+            pub const fn from_raw(v: u32) -> Option<Self> {
                 match v { $($val => Some(Self::$var),)+ _ => None }
             }
         }

@@ -15,6 +15,7 @@ pub mod event;
 pub mod multicast;
 pub(crate) mod progress;
 mod qpn;
+pub(crate) use qpn::retire_sq;
 mod resource;
 pub(crate) mod shared;
 

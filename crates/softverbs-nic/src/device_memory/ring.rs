@@ -4,7 +4,8 @@
 //! with a sequence word, so producers and consumers in different processes need no lock, only
 //! atomics on the ring's own memory (Vyukov's bounded queue). A producer that dies between
 //! claiming a slot and publishing it stalls consumers at that slot; it can never make them read
-//! half-written data.
+//! half-written data. A ring whose consumers all live in one process and take a lock there (a
+//! CQ's) is consumed with plain stores (`*_exclusive`): no compare-and-swap per entry.
 //!
 //! Layout (offsets in bytes): `0` header (magic, version, capacity, stride, then 48 bytes for
 //! the owner's fields), `64` consumer index, `128` producer index, `192` slots.
@@ -47,6 +48,8 @@ impl Ring {
         let capacity = capacity.max(2).next_power_of_two();
         let stride = (8 + payload_bytes).next_multiple_of(8);
         let seg = Segment::create(name, SLOTS + capacity as usize * stride)?;
+        // `Slots` relies on it (segments start on a page).
+        assert_eq!(seg.as_ptr() as usize % 8, 0, "misaligned ring segment");
         let header: &[AtomicU32] = seg.slice(0, 4);
         header[0].store(MAGIC, Ordering::Relaxed);
         header[1].store(VERSION, Ordering::Relaxed);
@@ -85,6 +88,9 @@ impl Ring {
             .is_some_and(|end| end <= seg.len());
         if capacity < 2 || !capacity.is_power_of_two() || stride < 16 || stride % 8 != 0 || !fits {
             return Err(bad("bad geometry"));
+        }
+        if seg.as_ptr() as usize % 8 != 0 {
+            return Err(bad("misaligned segment"));
         }
         Ok(Ring {
             seg,
@@ -205,6 +211,44 @@ impl Ring {
         prefetch::write(self.seq(self.head().load(Ordering::Relaxed)));
     }
 
+    /// Takes the oldest published slot for reading, for the ring's only consumer of the
+    /// moment: a plain store moves the head, where [`claim_pop`](Self::claim_pop) needs a
+    /// compare-and-swap per entry against other consumers. The slot stays the caller's until
+    /// it is [released](Self::release).
+    ///
+    /// # Safety
+    /// No other consumer takes from this ring until the slot is released (its owner holds a
+    /// lock that every consumer takes).
+    #[inline(always)]
+    unsafe fn take_exclusive(&self) -> Option<u64> {
+        let pos = self.head().load(Ordering::Relaxed);
+        // SAFETY: the caller's; `pos` is the head.
+        unsafe { self.take_exclusive_at(pos) }.then_some(pos)
+    }
+
+    /// [`take_exclusive`](Self::take_exclusive) for a consumer that knows the head (it moved
+    /// it there last): true if slot `pos` was published and is now the caller's. Not loading
+    /// the head back keeps a store-to-load round trip out of each step of a polling loop.
+    ///
+    /// # Safety
+    /// As for `take_exclusive`, and `pos` is the head.
+    #[inline(always)]
+    unsafe fn take_exclusive_at(&self, pos: u64) -> bool {
+        // SAFETY: the caller's.
+        unsafe { self.slots().take_at(pos) }
+    }
+
+    /// The slot array, its geometry copied out of `self` (see [`Slots`]).
+    #[inline(always)]
+    fn slots(&self) -> Slots<'_> {
+        Slots {
+            base: self.seg.as_ptr().wrapping_add(SLOTS),
+            mask: self.mask,
+            stride: self.stride,
+            head: self.head(),
+        }
+    }
+
     /// Claims the oldest published slot for reading; `None` when the ring is empty.
     #[inline]
     fn claim_pop(&self) -> Option<u64> {
@@ -313,19 +357,33 @@ impl Ring {
         self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
     }
 
-    /// Removes the oldest entry, handing `f` a reference to it where it lies in the ring
-    /// (no copy through the stack).
-    #[inline]
-    pub fn pop_with<T: SlotPayload, R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+    /// Removes up to `max` entries, oldest first, handing `f` a reference to each where it
+    /// lies in the ring (no copy through the stack), for the ring's only consumer of the
+    /// moment; returns how many.
+    ///
+    /// # Safety
+    /// No other consumer takes from this ring until this returns.
+    #[inline(always)]
+    pub(crate) unsafe fn pop_many_exclusive<T: SlotPayload>(
+        &self,
+        max: usize,
+        mut f: impl FnMut(&T),
+    ) -> usize {
         assert!(std::mem::size_of::<T>() <= self.payload_bytes());
         assert!(std::mem::align_of::<T>() <= 8);
-        let pos = self.claim_pop()?;
-        // SAFETY: slot `pos` was published and we claimed it; no producer writes it until we
-        // release it below. The payload is in bounds and 8-byte aligned (slots are 8-byte
-        // multiples in a page-aligned segment, payloads start 8 bytes in).
-        let r = f(unsafe { &*self.payload_ptr(pos).cast::<T>() });
-        self.release(pos);
-        Some(r)
+        let slots = self.slots();
+        let first = slots.head.load(Ordering::Relaxed);
+        let mut pos = first;
+        // SAFETY: the caller's; `pos` is the head, moved on by each take.
+        while pos - first < max as u64 && unsafe { slots.take_at(pos) } {
+            // SAFETY: slot `pos` was published and is ours; no producer writes it until we
+            // release it below. The payload is in bounds and 8-byte aligned (slots are 8-byte
+            // multiples in an 8-byte-aligned segment, payloads start 8 bytes in).
+            f(unsafe { &*slots.payload(pos).cast::<T>() });
+            slots.release(pos);
+            pos += 1;
+        }
+        (pos - first) as usize
     }
 
     /// Removes the oldest entry.
@@ -340,6 +398,64 @@ impl Ring {
     }
 }
 
+/// A ring's slot array with its geometry in locals, for consumers that take many entries: to
+/// the compiler a store into the ring might change the `Ring` itself, so geometry read through
+/// `&Ring` is loaded again (and bounds-checked again) after every store, where a copy stays in
+/// registers. The bounds every slot meets were checked once, when the ring was made or opened.
+#[derive(Clone, Copy)]
+struct Slots<'a> {
+    /// The first slot.
+    base: *const u8,
+    mask: u64,
+    stride: usize,
+    head: &'a AtomicU64,
+}
+
+impl<'a> Slots<'a> {
+    #[inline(always)]
+    fn slot(&self, pos: u64) -> *const u8 {
+        self.base
+            .wrapping_add((pos & self.mask) as usize * self.stride)
+    }
+
+    /// The sequence word of slot `pos`.
+    #[inline(always)]
+    fn seq(&self, pos: u64) -> &'a AtomicU64 {
+        // SAFETY: `Ring::new` and `Ring::open` made sure that `SLOTS + capacity * stride`
+        // bytes lie in the segment, whose start is 8-byte aligned, with `stride` a multiple of
+        // 8: every slot's first word is in bounds and aligned, and the segment, which the
+        // `Ring` behind `'a` holds, stays mapped while the reference lives.
+        unsafe { &*self.slot(pos).cast::<AtomicU64>() }
+    }
+
+    /// The payload of slot `pos` (8 bytes in: in bounds, 8-byte aligned, as for `seq`).
+    #[inline(always)]
+    fn payload(&self, pos: u64) -> *const u8 {
+        self.slot(pos).wrapping_add(8)
+    }
+
+    /// [`Ring::release`].
+    #[inline(always)]
+    fn release(&self, pos: u64) {
+        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
+    }
+
+    /// [`Ring::take_exclusive_at`].
+    ///
+    /// # Safety
+    /// As for `take_exclusive_at`.
+    #[inline(always)]
+    unsafe fn take_at(&self, pos: u64) -> bool {
+        if self.seq(pos).load(Ordering::Acquire) != pos + 1 {
+            return false;
+        }
+        // Nobody else moves the head meanwhile (the caller's promise), so this is the
+        // compare-and-swap's effect without its cost.
+        self.head.store(pos + 1, Ordering::Relaxed);
+        true
+    }
+}
+
 /// The oldest entry of a ring, read where it lies instead of copied out.
 ///
 /// The slot stays claimed (producers cannot reuse it) until the next entry is taken or the
@@ -348,7 +464,9 @@ impl Ring {
 /// costs the ring one slot of room until the reader is done.
 ///
 /// `G` is whatever keeps the ring alive and in place while entries are held: an `Arc<Ring>`,
-/// or a read guard of the lock its owner swaps rings under (so no reference count is touched).
+/// or a guard of the lock its owner swaps rings under (so no reference count is touched). The
+/// reader is the ring's only consumer while it lives (see [`start`](Self::start)), so taking
+/// an entry costs no read-modify-write.
 pub struct InPlace<T: SlotPayload, G: std::ops::Deref>
 where
     G::Target: std::borrow::Borrow<Ring>,
@@ -375,21 +493,23 @@ where
 
     /// Takes the oldest entry of the ring `ring` holds; `None` when it is empty.
     ///
-    /// `ring` must reach the same ring, at the same address, for as long as it lives, even
-    /// when moved (true of an `Arc` and of a lock guard over one: the ring lies in the `Arc`'s
-    /// allocation), which is why this is for the crate only.
+    /// # Safety
+    /// `ring` reaches the same ring, at the same address, for as long as it lives, even when
+    /// moved (true of an `Arc` and of a lock guard over one: the ring lies in the `Arc`'s
+    /// allocation); and no other consumer takes from that ring while the `InPlace` lives.
     #[inline(always)]
-    pub(crate) fn start(ring: G) -> Option<Self> {
+    pub(crate) unsafe fn start(ring: G) -> Option<Self> {
         let at: *const Ring = std::borrow::Borrow::borrow(&*ring);
-        // SAFETY: `at` is the ring `ring` reaches, which stays in place while it lives (the
-        // precondition above).
+        // SAFETY: `at` is the ring `ring` reaches; the rest is the caller's.
         unsafe { Self::start_at(ring, at) }
     }
 
     /// [`start`](Self::start) on the ring at `at`, which `keep` keeps alive.
     ///
     /// # Safety
-    /// The ring at `at` stays valid and in place for as long as `keep` lives.
+    /// The ring at `at` stays valid and in place for as long as `keep` lives, and no other
+    /// consumer takes from it (nor from a ring later [hopped](Self::hop) to) while the
+    /// `InPlace` lives.
     #[inline(always)]
     pub(crate) unsafe fn start_at(keep: G, at: *const Ring) -> Option<Self> {
         // SAFETY: the caller's.
@@ -397,8 +517,13 @@ where
         assert!(std::mem::size_of::<T>() <= r.payload_bytes());
         // Payloads start 8 bytes into 8-byte-multiple slots of a page-aligned segment.
         assert!(std::mem::align_of::<T>() <= 8);
-        let pos = r.claim_pop()?;
-        let ptr = r.payload_ptr(pos).cast::<T>();
+        let slots = r.slots();
+        let pos = slots.head.load(Ordering::Relaxed);
+        // SAFETY: the only consumer (the caller's promise), and `pos` is the head.
+        if !unsafe { slots.take_at(pos) } {
+            return None;
+        }
+        let ptr = slots.payload(pos).cast::<T>();
         Some(InPlace {
             _ring: keep,
             at,
@@ -421,14 +546,16 @@ where
     /// the held one; false (holding the old entry still) when that ring is empty.
     ///
     /// # Safety
-    /// The ring at `to` stays valid and in place for as long as the keeper lives.
+    /// The ring at `to` stays valid and in place for as long as the keeper lives, and no
+    /// other consumer takes from it while the `InPlace` lives.
     pub(crate) unsafe fn hop(&mut self, to: *const Ring) -> bool {
         // SAFETY: the caller's.
         let r = unsafe { &*to };
         if std::mem::size_of::<T>() > r.payload_bytes() {
             return false;
         }
-        let Some(next) = r.claim_pop() else {
+        // SAFETY: the only consumer of `to` (the caller's promise).
+        let Some(next) = (unsafe { r.take_exclusive() }) else {
             return false;
         };
         self.ring().release(self.pos);
@@ -451,12 +578,17 @@ where
     /// when the ring is empty.
     #[inline(always)]
     pub fn advance(&mut self) -> bool {
-        let ring = self.ring();
-        let Some(next) = ring.claim_pop() else {
-            return false;
+        let next = self.pos + 1;
+        let ptr = {
+            let slots = self.ring().slots();
+            // SAFETY: the only consumer while `self` lives (the precondition of `start_at`),
+            // so the head is where taking `pos` left it.
+            if !unsafe { slots.take_at(next) } {
+                return false;
+            }
+            slots.release(self.pos);
+            slots.payload(next).cast::<T>()
         };
-        ring.release(self.pos);
-        let ptr = ring.payload_ptr(next).cast::<T>();
         self.pos = next;
         self.ptr = ptr;
         true
@@ -500,10 +632,11 @@ mod tests {
     #[test]
     fn in_place_holds_its_slot_until_it_moves_on() {
         let r = std::sync::Arc::new(Ring::new("t", 2, 24).unwrap());
-        assert!(InPlace::<[u64; 3], _>::start(r.clone()).is_none());
+        // SAFETY (both): an `Arc` keeps the ring in place; the test is its only consumer.
+        assert!(unsafe { InPlace::<[u64; 3], _>::start(r.clone()) }.is_none());
         r.push(&[1u64; 3]).unwrap();
         r.push(&[2u64; 3]).unwrap();
-        let mut c = InPlace::<[u64; 3], _>::start(r.clone()).unwrap();
+        let mut c = unsafe { InPlace::<[u64; 3], _>::start(r.clone()) }.unwrap();
         assert_eq!(c.get(), &[1; 3]);
         // The held slot is not free yet: the ring (capacity 2) is still full.
         assert!(r.push(&[3u64; 3]).is_err());
@@ -537,7 +670,8 @@ mod tests {
         };
         let mut next = 0u64;
         while next < N {
-            let Some(mut c) = InPlace::<[u64; 3], _>::start(r.clone()) else {
+            // SAFETY: an `Arc` keeps the ring in place; this thread is its only consumer.
+            let Some(mut c) = (unsafe { InPlace::<[u64; 3], _>::start(r.clone()) }) else {
                 continue;
             };
             loop {

@@ -38,7 +38,7 @@ pub struct Cursor<'a> {
 impl CompletionQueue {
     /// `ibv_start_poll`: a cursor on the oldest completion, or `None` (`ENOENT`) when the CQ
     /// is empty.
-    #[inline]
+    #[inline(always)]
     pub fn start_poll(&self) -> Option<Cursor<'_>> {
         let inner = self.inner.start_poll()?;
         let flags = self.inner.wc_flags();
@@ -76,13 +76,14 @@ impl Cursor<'_> {
 
     /// `ibv_next_poll`: moves to the next completion; false (`ENOENT`) when there is none, in
     /// which case the cursor must only be ended.
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::should_implement_trait)] // the verbs name; a cursor is not an iterator
     pub fn next(&mut self) -> bool {
         self.inner.advance()
     }
 
     /// `ibv_end_poll`: ends the section (dropping the cursor does the same).
+    #[inline(always)]
     pub fn end(self) {}
 
     /// `wr_id` of the work request completed.
@@ -210,7 +211,7 @@ impl<const F: u64> TypedCompletionQueue<F> {
     }
 
     /// `ibv_start_poll` for a typed cursor; `None` when the CQ is empty.
-    #[inline]
+    #[inline(always)]
     pub fn start_poll(&self) -> Option<TypedCursor<'_, F>> {
         let inner = self.cq.inner.start_poll()?;
         // Decided at compile time: a field set without the wall clock pays nothing for it.
@@ -288,6 +289,7 @@ impl<const F: u64> TypedCursor<'_, F> {
     }
 
     /// `ibv_end_poll` (dropping the cursor does the same).
+    #[inline(always)]
     pub fn end(self) {}
 
     /// `wr_id`.

@@ -23,26 +23,32 @@ pub struct WorkCompletion(Cqe);
 
 impl WorkCompletion {
     /// The `wr_id` of the work request this completes.
+    #[inline]
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
     }
     /// The outcome.
+    #[inline]
     pub fn status(&self) -> WcStatus {
         self.0.status()
     }
     /// True when the status is `SUCCESS`.
+    #[inline]
     pub fn is_ok(&self) -> bool {
         self.0.status == WcStatus::Success as u8
     }
     /// What completed. Not meaningful for flushed receives (`WR_FLUSH_ERR`), as in verbs.
+    #[inline]
     pub fn opcode(&self) -> WcOpcode {
         self.0.opcode()
     }
     /// Bytes transferred (receives: including the 40-byte GRH area on UD).
+    #[inline]
     pub fn byte_len(&self) -> u32 {
         self.0.byte_len
     }
     /// Immediate data, if the message carried some.
+    #[inline]
     pub fn imm_data(&self) -> Option<u32> {
         self.wc_flags()
             .contains(WcFlags::WITH_IMM)
@@ -50,44 +56,54 @@ impl WorkCompletion {
     }
     /// The rkey a SEND with Invalidate invalidated here, if the message was one
     /// (`IBV_WC_WITH_INV`; `wc.invalidated_rkey` in C).
+    #[inline]
     pub fn invalidated_rkey(&self) -> Option<u32> {
         self.wc_flags()
             .contains(WcFlags::WITH_INV)
             .then_some(self.0.imm_data)
     }
     /// The local QP number.
+    #[inline]
     pub fn qp_num(&self) -> u32 {
         self.0.qp_num
     }
     /// The sending QP (receives).
+    #[inline]
     pub fn src_qp(&self) -> u32 {
         self.0.src_qp
     }
     /// Completion flags (GRH present, immediate present).
+    #[inline]
     pub fn wc_flags(&self) -> WcFlags {
         self.0.flags()
     }
     /// Source LID (receives, InfiniBand link layer).
+    #[inline]
     pub fn slid(&self) -> u16 {
         self.0.slid
     }
     /// Service level (receives).
+    #[inline]
     pub fn sl(&self) -> u8 {
         self.0.sl
     }
     /// P_Key index (receives, UD).
+    #[inline]
     pub fn pkey_index(&self) -> u16 {
         self.0.pkey_index
     }
     /// Destination LID path bits (receives).
+    #[inline]
     pub fn dlid_path_bits(&self) -> u8 {
         self.0.dlid_path_bits
     }
     /// Raw device-clock value when the completion happened.
+    #[inline]
     pub fn timestamp(&self) -> u64 {
         self.0.timestamp
     }
     /// Vendor error syndrome (always 0 on the software NIC).
+    #[inline]
     pub fn vendor_err(&self) -> u32 {
         self.0.vendor_err
     }

@@ -7,7 +7,8 @@
 //! [`wait_for`]); only the ring and the doorbell are models:
 //! - [`ModelRing`]: a CQ ring's sequence words as [`Ring`] uses them (a producer claims a slot,
 //!   writes it, publishes it with a release store; a consumer checks a slot with an acquire
-//!   load and takes it with a compare-and-swap on the head), the arm and the event flag.
+//!   load and takes it by moving the head, under the CQ's consumer lock), the arm and the
+//!   event flag.
 //!   A peer process completing into a CQ it mapped does exactly what a thread does here, on
 //!   the same shared memory, so the cross-process case is the threaded one.
 //! - [`ModelBell`]: a pipe's readability (ringing writes a byte, draining reads them all,
@@ -61,17 +62,16 @@ impl<const FENCED: bool> ModelRing<FENCED> {
         fire(self, solicited)
     }
 
-    /// `Ring::pop`: the oldest published completion (is it solicited?), if any.
+    /// `Ring::pop_with_exclusive`: the oldest published completion (is it solicited?), if
+    /// any. The model has one consumer, as the CQ's consumer lock makes it.
     fn pop(&self) -> Option<bool> {
         let pos = self.head.load(Ordering::Relaxed);
         let slot = pos as usize % SLOTS;
         if self.seq[slot].load(Ordering::Acquire) != pos + 1 {
             return None;
         }
+        self.head.store(pos + 1, Ordering::Relaxed);
         let solicited = self.payload[slot].load(Ordering::Relaxed) != 0;
-        self.head
-            .compare_exchange(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed)
-            .ok()?;
         self.seq[slot].store(pos + SLOTS as u64, Ordering::Release);
         Some(solicited)
     }
