@@ -130,19 +130,13 @@ impl Ring {
     }
 
     #[inline(always)]
-    fn slot_offset(&self, pos: u64) -> usize {
-        SLOTS + (pos & self.mask) as usize * self.stride
-    }
-
-    #[inline(always)]
     fn seq(&self, pos: u64) -> &AtomicU64 {
-        self.seg.at(self.slot_offset(pos))
+        self.slots().seq(pos)
     }
 
     #[inline(always)]
     fn payload_ptr(&self, pos: u64) -> *mut u8 {
-        // In bounds: slot_offset + stride <= segment length by construction.
-        self.seg.as_ptr().wrapping_add(self.slot_offset(pos) + 8)
+        self.slots().payload(pos).cast_mut()
     }
 
     /// Entries currently queued (a snapshot).
@@ -221,21 +215,10 @@ impl Ring {
     /// lock that every consumer takes).
     #[inline(always)]
     unsafe fn take_exclusive(&self) -> Option<u64> {
-        let pos = self.head().load(Ordering::Relaxed);
+        let slots = self.slots();
+        let pos = slots.head.load(Ordering::Relaxed);
         // SAFETY: the caller's; `pos` is the head.
-        unsafe { self.take_exclusive_at(pos) }.then_some(pos)
-    }
-
-    /// [`take_exclusive`](Self::take_exclusive) for a consumer that knows the head (it moved
-    /// it there last): true if slot `pos` was published and is now the caller's. Not loading
-    /// the head back keeps a store-to-load round trip out of each step of a polling loop.
-    ///
-    /// # Safety
-    /// As for `take_exclusive`, and `pos` is the head.
-    #[inline(always)]
-    unsafe fn take_exclusive_at(&self, pos: u64) -> bool {
-        // SAFETY: the caller's.
-        unsafe { self.slots().take_at(pos) }
+        unsafe { slots.take_at(pos) }.then_some(pos)
     }
 
     /// The slot array, its geometry copied out of `self` (see [`Slots`]).
@@ -318,7 +301,7 @@ impl Ring {
             items.extend((0..n).map(|i| src.add(i).read_unaligned()));
             header
         };
-        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
+        self.release(pos);
         Some(header)
     }
 
@@ -354,7 +337,7 @@ impl Ring {
     /// Frees claimed slot `pos` for producers.
     #[inline]
     fn release(&self, pos: u64) {
-        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
+        self.slots().release(pos);
     }
 
     /// Removes up to `max` entries, oldest first, handing `f` a reference to each where it
@@ -393,12 +376,12 @@ impl Ring {
         // SAFETY: slot `pos` was published (seq == pos + 1) and we claimed it; no producer
         // writes it until we release it below.
         let v = unsafe { self.payload_ptr(pos).cast::<T>().read_unaligned() };
-        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
+        self.release(pos);
         Some(v)
     }
 }
 
-/// A ring's slot array with its geometry in locals, for consumers that take many entries: to
+/// A ring's slot array with its geometry in locals (every slot access goes through it): to
 /// the compiler a store into the ring might change the `Ring` itself, so geometry read through
 /// `&Ring` is loaded again (and bounds-checked again) after every store, where a copy stays in
 /// registers. The bounds every slot meets were checked once, when the ring was made or opened.
@@ -440,10 +423,12 @@ impl<'a> Slots<'a> {
         self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
     }
 
-    /// [`Ring::take_exclusive_at`].
+    /// Takes slot `pos`, the head, if it was published: [`Ring::take_exclusive`] for a
+    /// consumer that knows the head (it moved it there last). Not loading the head back keeps
+    /// a store-to-load round trip out of each step of a polling loop.
     ///
     /// # Safety
-    /// As for `take_exclusive_at`.
+    /// As for `take_exclusive`, and `pos` is the head.
     #[inline(always)]
     unsafe fn take_at(&self, pos: u64) -> bool {
         if self.seq(pos).load(Ordering::Acquire) != pos + 1 {
@@ -517,13 +502,9 @@ where
         assert!(std::mem::size_of::<T>() <= r.payload_bytes());
         // Payloads start 8 bytes into 8-byte-multiple slots of a page-aligned segment.
         assert!(std::mem::align_of::<T>() <= 8);
-        let slots = r.slots();
-        let pos = slots.head.load(Ordering::Relaxed);
-        // SAFETY: the only consumer (the caller's promise), and `pos` is the head.
-        if !unsafe { slots.take_at(pos) } {
-            return None;
-        }
-        let ptr = slots.payload(pos).cast::<T>();
+        // SAFETY: the only consumer (the caller's promise).
+        let pos = unsafe { r.take_exclusive() }?;
+        let ptr = r.payload_ptr(pos).cast::<T>();
         Some(InPlace {
             _ring: keep,
             at,
