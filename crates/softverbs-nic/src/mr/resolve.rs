@@ -235,7 +235,7 @@ pub(crate) fn pin_sges<'k>(
 /// a request that reached QP `qpn` (a region's key, or a window's); `place` says where
 /// pinned ranges are reachable. A layout key resolves to its pieces. `None` is an access
 /// error of the side that named the key.
-#[inline]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pin_range<'k>(
     keys: &'k KeyTable,

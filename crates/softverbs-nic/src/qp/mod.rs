@@ -293,7 +293,7 @@ impl Qp {
     }
 
     /// Where `len` bytes at `host` of a region pinned in [`Qp::keys`] are for this process.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn place_local(
         &self,
         pin: &crate::mr::keys::Pin<'_>,

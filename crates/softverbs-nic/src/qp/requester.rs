@@ -121,9 +121,15 @@ impl Qp {
                 pins: crate::mr::resolve::Few::new(),
                 len: bytes.len() as u64,
             }),
-            Payload::Sges(sges) => pin_sges(self.keys(), self.pd.id, sges, need, |p, h, n| {
-                self.place_local(p, h, n)
-            })
+            Payload::Sges(sges) => pin_sges(
+                self.keys(),
+                self.pd.id,
+                sges,
+                need,
+                // Inlined, as the key checks are (see `KeyTable::pin`).
+                #[inline(always)]
+                |p, h, n| self.place_local(p, h, n),
+            )
             .map_err(|_| WcStatus::LocProtErr),
         }
     }

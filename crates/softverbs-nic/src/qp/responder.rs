@@ -222,7 +222,8 @@ fn no_receive<R: Responder>(target: &R, req: &Request<'_>) -> Response {
 
 /// Pins `len` bytes of the responder's region `rkey` at `addr` with `need`, placed where the
 /// executing process reaches them; `None` is a remote access error. A layout key resolves to
-/// its pieces.
+/// its pieces. Always inlined, as [`KeyTable::pin`] is.
+#[inline(always)]
 fn remote_range<R: Responder>(
     target: &R,
     rkey: u32,
@@ -238,6 +239,7 @@ fn remote_range<R: Responder>(
         addr,
         len,
         need,
+        #[inline(always)]
         |p, h, n| target.place(p, h, n),
     )
 }
@@ -490,6 +492,7 @@ fn deliver_send<R: Responder>(
         target.recv_pd(),
         &r.sges,
         AccessFlags::LOCAL_WRITE,
+        #[inline(always)]
         |p, h, n| target.place(p, h, n),
     ) {
         Ok(d) => d,

@@ -248,7 +248,8 @@ impl Responder for Target {
             Target::Remote(r) => r.responder_error(event),
         }
     }
-    #[inline]
+    // Always inlined, as the key checks are (see `KeyTable::pin`).
+    #[inline(always)]
     fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
         match self {
             Target::Local(q) => Responder::place(&**q, pin, host, len),

@@ -387,7 +387,7 @@ impl Responder for RemoteQp {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn place(&self, pin: &Pin<'_>, host: usize, len: usize) -> Option<Span> {
         // Where the bytes of the regions its key table names are: the owner's files, which
         // a region of another process (a shared PD's) names by its own pid.
