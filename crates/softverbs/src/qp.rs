@@ -136,6 +136,7 @@ impl<'a> SendWr<'a> {
         self
     }
 
+    #[inline(always)]
     fn to_wqe(self) -> SendWqe<'a> {
         SendWqe {
             wr_id: self.wr_id,
@@ -211,6 +212,11 @@ impl QueuePair {
     }
 
     /// `ibv_post_send`. On error, `PostError::index` is the first request not posted.
+    //
+    // Always inlined into the caller, so that a request built there is converted in
+    // registers: passed through memory, its fields were read back before the stores that
+    // wrote them could forward (7% of a 64-byte WRITE's time on AMD Zen).
+    #[inline(always)]
     pub fn post_send<'a>(
         &self,
         wrs: impl IntoIterator<Item = SendWr<'a>>,
@@ -227,6 +233,15 @@ impl QueuePair {
                 .post_one(&first.to_wqe())
                 .map_err(|error| PostError { index: 0, error });
         }
+        self.post_many(first, rest)
+    }
+
+    #[inline(never)]
+    fn post_many<'a>(
+        &self,
+        first: SendWr<'a>,
+        rest: impl Iterator<Item = SendWr<'a>>,
+    ) -> Result<(), PostError> {
         self.inner
             .post_send(std::iter::once(first).chain(rest).map(SendWr::to_wqe))
     }
