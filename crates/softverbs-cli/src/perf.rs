@@ -160,6 +160,11 @@ pub struct PeerArgs {
     /// The CPU to run on.
     #[arg(long)]
     cpu: Option<usize>,
+    /// Busy-wait: the parent runs on another CPU. Told by the parent, which knows both CPUs:
+    /// this process inherits the parent's pinning, so it would count one CPU and yield on
+    /// every look (which had made each of its waits a system call).
+    #[arg(long)]
+    spin: bool,
 }
 
 /// What to run: the same numbers on both ends.
@@ -1494,6 +1499,7 @@ fn spawn_peer(
     page: &std::fs::File,
     device: Option<&str>,
     cpu: usize,
+    spin: bool,
 ) -> Result<PeerProcess> {
     use std::os::fd::AsRawFd;
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
@@ -1512,6 +1518,9 @@ fn spawn_peer(
         .stderr(Stdio::piped());
     if let Some(d) = device {
         cmd.arg("--ib-dev").arg(d);
+    }
+    if spin {
+        cmd.arg("--spin");
     }
     // Only this child inherits the page: the flag is cleared just for the spawn (this process
     // starts no other children meanwhile).
@@ -1559,9 +1568,10 @@ pub fn run(args: &Args) -> Result<()> {
     let page = SharedPage::map(&page_file)?;
     let listener = TcpLink::listen(([127, 0, 0, 1], 0).into())?;
     let port = listener.local_addr()?.port();
-    let mut peer = spawn_peer(port, &page_file, args.device.as_deref(), pair[1])?;
+    let spin = pair[0] != pair[1];
+    let mut peer = spawn_peer(port, &page_file, args.device.as_deref(), pair[1], spin)?;
     report.pids = [std::process::id(), peer.pid()];
-    let guard = Arc::new(Guard::spinning(pair[0] != pair[1]));
+    let guard = Arc::new(Guard::spinning(spin));
     let watchdog = Watchdog::start(guard.clone(), peer.pid());
 
     let result = TcpLink::accept(&listener, START_TIMEOUT, LINK_TIMEOUT, || {
@@ -2236,8 +2246,9 @@ pub fn run_peer(args: &PeerArgs) -> Result<()> {
     if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(args.parent) {
         return Err("perf-peer is run by `softverbs perf`, and its parent is gone".into());
     }
-    // Counted before pinning (see `Guard::spinning`).
-    let spin = cpus() > 1;
+    // The parent says, as this process was started pinned to the parent's CPU (see
+    // `Guard::spinning`).
+    let spin = args.spin;
     if let Some(cpu) = args.cpu {
         crate::report::pin_to(cpu)?;
     }
