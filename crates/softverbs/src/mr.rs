@@ -549,18 +549,22 @@ impl MemoryRegion<'_> {
     }
 
     /// The local key, for SGEs.
+    #[inline]
     pub fn lkey(&self) -> u32 {
         self.mr.key()
     }
     /// The remote key, for peers' RDMA operations.
+    #[inline]
     pub fn rkey(&self) -> u32 {
         self.mr.key()
     }
     /// IOVA of the first byte: what SGEs and peers use as its address.
+    #[inline]
     pub fn iova(&self) -> u64 {
         self.mr.iova()
     }
     /// Host address of the first byte.
+    #[inline]
     pub fn as_ptr(&self) -> *mut u8 {
         self.mr.addr() as *mut u8
     }
@@ -580,6 +584,7 @@ impl MemoryRegion<'_> {
     }
 
     /// An SGE covering `range` (byte offsets in the region).
+    #[inline]
     pub fn sge(&self, range: Range<usize>) -> Sge {
         Sge {
             addr: self.iova() + range.start as u64,

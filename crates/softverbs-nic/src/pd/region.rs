@@ -189,10 +189,12 @@ pub struct Mr {
 impl Mr {
     /// The key (`lkey` and `rkey` are the same value). A layout container's key changes
     /// when a new layout needs more room (see [`Mr::set_layout`]).
+    #[inline]
     pub fn key(&self) -> u32 {
         self.shared.key.load(Ordering::Acquire)
     }
     /// Start address in this process (0 for layout containers, whose bytes are elsewhere).
+    #[inline]
     pub fn addr(&self) -> usize {
         self.addr
     }
@@ -205,6 +207,7 @@ impl Mr {
         self.len() == 0
     }
     /// IOVA of the first byte.
+    #[inline]
     pub fn iova(&self) -> u64 {
         self.iova
     }
