@@ -258,8 +258,13 @@ pub(crate) enum Test {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub(crate) enum Msg {
-    /// The first message each way.
-    Hello { pid: u32 },
+    /// The first message each way; `spins`: the sender's waits busy-wait (else they yield
+    /// the CPU on every look).
+    Hello {
+        pid: u32,
+        #[serde(default)]
+        spins: bool,
+    },
     /// A → B: play the cache-line ping-pong for `rounds` round trips, from value `base`.
     CacheLine { rounds: u64, base: u64 },
     /// A → B: set up for `test` (`rounds` round trips, or a `size`-byte target) and connect
@@ -363,6 +368,11 @@ impl Guard {
             beats: AtomicU64::new(0),
             pure_spins: if spin { PURE_SPINS } else { PURE_SPINS_ONE_CPU },
         }
+    }
+
+    /// Whether the waits busy-wait (see [`spinning`](Self::spinning)).
+    pub(crate) fn spins(&self) -> bool {
+        self.pure_spins >= PURE_SPINS
     }
 
     pub(crate) fn beat(&self) {
@@ -1303,6 +1313,9 @@ struct Report {
     cpu_model: String,
     /// Both processes' ids (this one first).
     pids: [u32; 2],
+    /// How each process waits (this one first): "spin" when the two have a CPU each,
+    /// "yield" when they share one.
+    waits: [&'static str; 2],
     ok: bool,
     /// Why the run stopped early (with `ok: false`).
     error: Option<String>,
@@ -1315,6 +1328,10 @@ struct Report {
     fetch_add_latency: Option<LatencyFigure>,
     rdma_write_bandwidth: Vec<BandwidthFigure>,
     message_rates: Option<crate::perf_rate::Rates>,
+}
+
+fn wait_mode(spins: bool) -> &'static str {
+    if spins { "spin" } else { "yield" }
 }
 
 pub(crate) fn size_text(size: usize) -> String {
@@ -1698,11 +1715,16 @@ fn measure(
         link,
         &Msg::Hello {
             pid: std::process::id(),
+            spins: guard.spins(),
         },
     )?;
-    expect(link, "hello", |m| {
+    let peer_spins = match expect(link, "hello", |m| {
         matches!(m, Msg::Hello { .. }).then_some(m)
-    })?;
+    })? {
+        Msg::Hello { spins, .. } => spins,
+        _ => false,
+    };
+    report.waits = [wait_mode(guard.spins()), wait_mode(peer_spins)];
 
     // Baselines first: they need no RDMA.
     watchdog.phase(guard, "cache-line ping-pong");
@@ -2289,6 +2311,7 @@ fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) 
                 link,
                 &Msg::Hello {
                     pid: std::process::id(),
+                    spins: guard.spins(),
                 },
             )?,
             Msg::CacheLine { rounds, base } => {

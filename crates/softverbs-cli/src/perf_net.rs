@@ -702,9 +702,10 @@ fn measure(
         link,
         &Msg::Hello {
             pid: std::process::id(),
+            spins: guard.spins(),
         },
     )?;
-    if let Msg::Hello { pid } = expect(link, "hello", |m| {
+    if let Msg::Hello { pid, .. } = expect(link, "hello", |m| {
         matches!(m, Msg::Hello { .. }).then_some(m)
     })? {
         report.pids[1] = pid;
@@ -859,6 +860,7 @@ fn serve_end(args: &NetPeerArgs) -> Result<()> {
                     link,
                     &Msg::Hello {
                         pid: std::process::id(),
+                        spins: guard.spins(),
                     },
                 )?,
                 Msg::UdpPing { rounds } => {

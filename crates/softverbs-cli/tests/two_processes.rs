@@ -232,6 +232,12 @@ fn perf_quick_measures_rdma_between_two_processes() {
     let (o, v) = perf_quick(None);
     assert!(o.status.success(), "{}", o.stderr);
     assert_eq!(v["ok"], true, "{v}");
+    // Each process has a CPU of its own (or both share the only one): both spin, or both
+    // yield. The second process inherits the first one's pinning, so it cannot tell by
+    // counting CPUs; a peer that yielded on every look doubled the latencies measured.
+    let pair = v["cpu_pair"].as_array().unwrap();
+    let want = if pair[0] != pair[1] { "spin" } else { "yield" };
+    assert_eq!(v["waits"], serde_json::json!([want, want]), "{v}");
     for key in ["rdma_write_latency", "send_latency"] {
         let f = &v[key];
         assert_eq!(f["size"], 64, "{v}");
