@@ -461,6 +461,7 @@ impl MemoryRegion<'_> {
     /// True for a layout container ([`ProtectionDomain::create_layout_mr`], page lists and
     /// bitmaps): its bytes live in other regions, so the byte accessors (`read_at`,
     /// `write_at`, `fill`, `load_*`, `store_u64`) refuse it or do nothing.
+    #[inline]
     pub fn is_layout(&self) -> bool {
         self.mr.is_layout()
     }
@@ -569,6 +570,7 @@ impl MemoryRegion<'_> {
         self.mr.addr() as *mut u8
     }
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.mr.len()
     }
@@ -593,20 +595,28 @@ impl MemoryRegion<'_> {
         }
     }
 
+    // Inlined (the refusals are out of line): a program spinning on `load_u8` runs it on
+    // every look, and each look's cost delays seeing the byte land.
+    #[inline]
     fn check(&self, offset: usize, len: usize) -> Result<()> {
-        if self.is_layout() {
-            return Err(Error::InvalidArgument(
-                "a layout region has no bytes of its own: access the regions it uses".into(),
-            ));
-        }
-        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
-            return Err(Error::InvalidArgument(format!(
-                "bytes {offset}..{} outside a {}-byte region",
-                offset.saturating_add(len),
-                self.len()
-            )));
+        if self.is_layout() || offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(self.refusal(offset, len));
         }
         Ok(())
+    }
+
+    #[cold]
+    fn refusal(&self, offset: usize, len: usize) -> Error {
+        if self.is_layout() {
+            return Error::InvalidArgument(
+                "a layout region has no bytes of its own: access the regions it uses".into(),
+            );
+        }
+        Error::InvalidArgument(format!(
+            "bytes {offset}..{} outside a {}-byte region",
+            offset.saturating_add(len),
+            self.len()
+        ))
     }
 
     /// Copies bytes out of the region.
@@ -646,6 +656,7 @@ impl MemoryRegion<'_> {
     /// Reads one byte with acquire ordering: spin on the last byte of a buffer to learn that
     /// a SEND or RDMA WRITE has landed whole. That holds for strict regions only: a
     /// `RELAXED_ORDERING` region's last byte may land first, so wait for the completion.
+    #[inline]
     pub fn load_u8(&self, offset: usize) -> Result<u8> {
         self.check(offset, 1)?;
         // SAFETY: in bounds; the NIC stores final bytes atomically.
@@ -653,6 +664,7 @@ impl MemoryRegion<'_> {
     }
 
     /// Reads an aligned 8-byte word atomically (the target of RDMA atomics).
+    #[inline]
     pub fn load_u64(&self, offset: usize) -> Result<u64> {
         self.check(offset, 8)?;
         let p = self.as_ptr().wrapping_add(offset);

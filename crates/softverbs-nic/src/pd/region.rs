@@ -199,6 +199,7 @@ impl Mr {
         self.addr
     }
     /// Length in bytes (a layout container's: its layout's length, 0 before any).
+    #[inline]
     pub fn len(&self) -> usize {
         self.shared.len.load(Ordering::Acquire) as usize
     }
@@ -220,6 +221,7 @@ impl Mr {
         &self.pd
     }
     /// True for a layout container ([`Pd::create_layout_mr`], page-list registrations).
+    #[inline]
     pub fn is_layout(&self) -> bool {
         self.shared.layout.is_some()
     }
