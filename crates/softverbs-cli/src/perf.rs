@@ -1091,15 +1091,20 @@ fn send_lat(side: &mut Side, plan: &Plan, serve: bool, guard: &Guard) -> Result<
     let total = plan.warmup + plan.iters;
     let (mine, theirs) = if serve { (PONG, PING) } else { (PING, PONG) };
     let mut clock = RoundClock::new(plan);
-    // Each side answers first and then checks what it received (before it posts that
-    // buffer again), as perftest's `ib_send_lat` answers without reading the message: the
-    // check's read of the peer's bytes is then off the round trip, and every message is
-    // still checked.
+    // As perftest's `ib_send_lat`, each side posts a receive, then answers: the receive is
+    // on the round trip, as it is there. It posts the buffer of the message before (checked
+    // already: RX_DEPTH buffers are posted ahead, so the next message lands in another one),
+    // and checks the message just received after answering, off the round trip; every
+    // message is still checked.
     let mut received: Option<(u64, WorkCompletion)> = None;
+    let mut checked: Option<usize> = None;
     for r in 0..total {
         let last = r + 1 == total;
         if serve {
             received = Some((r, wait_send(side, r, guard, WHAT)?));
+        }
+        if let Some(slot) = checked.take() {
+            post_slot(side, slot)?;
         }
         put_header(&side.mr, 0, r, mine)?;
         side.post_lat(r, SendOp::Send, last, guard, WHAT)?;
@@ -1107,7 +1112,7 @@ fn send_lat(side: &mut Side, plan: &Plan, serve: bool, guard: &Guard) -> Result<
             clock.posted(r, guard);
         }
         if let Some((round, wc)) = received.take() {
-            check_send(side, &wc, round, theirs, WHAT)?;
+            checked = Some(check_send(side, &wc, round, theirs, WHAT)?);
         }
         if !serve {
             received = Some((r, wait_send(side, r, guard, WHAT)?));
@@ -1135,8 +1140,8 @@ fn wait_send(side: &mut Side, r: u64, guard: &Guard, what: &str) -> Result<WorkC
     })
 }
 
-/// Checks received message `r` (its completion `wc`, its header) and posts its buffer again.
-fn check_send(side: &Side, wc: &WorkCompletion, r: u64, dir: u8, what: &str) -> Result<()> {
+/// Checks received message `r` (its completion `wc`, its header); the receive slot it used.
+fn check_send(side: &Side, wc: &WorkCompletion, r: u64, dir: u8, what: &str) -> Result<usize> {
     check_wc(wc, what)?;
     if wc.byte_len() as usize != LAT_SIZE {
         return Err(format!(
@@ -1155,7 +1160,7 @@ fn check_send(side: &Side, wc: &WorkCompletion, r: u64, dir: u8, what: &str) -> 
             )
         })?;
     check_header(&side.mr, LAT_SIZE * (1 + slot), r, dir, what)?;
-    post_slot(side, slot)
+    Ok(slot)
 }
 
 /// A's RDMA WRITE bandwidth run: `size`-byte writes into the peer's buffer for `total`

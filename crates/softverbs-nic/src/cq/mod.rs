@@ -16,7 +16,7 @@ use crate::device_memory::ring::{InPlace, Ring, SlotPayload};
 use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result, inval};
 use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError, Weak};
 
 /// One completion as stored in a CQ ring (56 bytes; 64 with the slot's sequence word).
@@ -263,6 +263,15 @@ pub struct Cq {
     /// and replaces both. The rings live in `Arc`s, so a polling cursor can keep the one it
     /// reads in place at a fixed address while it holds the guard.
     consumer: Mutex<Rings>,
+    /// `ring.cur` while the CQ has no old rings, else null: polls look at it without the
+    /// consumer lock to find the CQ empty ([`Cq::looks_empty`]). A busy-polling program polls
+    /// an empty CQ far more often than a full one, and the lock's two locked instructions were
+    /// most of such a poll (in `ib_send_lat`, the poll loop's time sat on them). Every ring
+    /// it named stays alive while the CQ does (`retired`), so a look racing a resize reads a
+    /// live ring.
+    bare: AtomicPtr<Ring>,
+    /// Rings a resize replaced (and drained into the new one), kept for `bare`'s readers.
+    retired: Mutex<Vec<Arc<Ring>>>,
     /// The thread whose polling section holds `consumer` ([`thread_token`]; 0 when none): a
     /// poll that thread makes meanwhile finds the CQ empty instead of waiting on itself.
     section: std::sync::atomic::AtomicUsize,
@@ -349,6 +358,8 @@ impl Cq {
         };
         let cq = Arc::new(Cq {
             id,
+            bare: AtomicPtr::new(Arc::as_ptr(&rings.cur).cast_mut()),
+            retired: Mutex::new(Vec::new()),
             consumer: Mutex::new(rings.clone()),
             section: std::sync::atomic::AtomicUsize::new(0),
             ring: RwLock::new(rings),
@@ -402,11 +413,44 @@ impl Cq {
     /// it polls meanwhile is none: the section holds the queue).
     #[inline(always)]
     fn consume(&self) -> Option<MutexGuard<'_, Rings>> {
+        if self.looks_empty() {
+            return None;
+        }
         match self.consumer.try_lock() {
             Ok(g) => Some(g),
             Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(TryLockError::WouldBlock) => self.consume_contended(),
         }
+    }
+
+    /// True when the CQ was seen empty without the consumer lock: its only ring's oldest slot
+    /// held nothing published. False says nothing (take the lock and look).
+    ///
+    /// A head read stale (another poller moved it) names a slot taken already, whose sequence
+    /// is then not the head's, so only a slot no producer had published yet says empty: what
+    /// a locked poll at that moment would have found. A resize nulls `bare` before it moves
+    /// anything (then a release fence): a look that read any head the resize wrote sees the
+    /// null on its second read of `bare` and takes the lock.
+    #[inline(always)]
+    fn looks_empty(&self) -> bool {
+        let p = self.bare.load(Ordering::Acquire);
+        if p.is_null() {
+            return false;
+        }
+        // SAFETY: every ring `bare` named is kept alive while the CQ is (`consumer`, `ring`
+        // or `retired` hold it), and `&self` is.
+        let ring = unsafe { &*p };
+        #[cfg(test)]
+        tests::AFTER_BARE_LOAD.with(|hook| {
+            if let Some(f) = hook.borrow_mut().take() {
+                f();
+            }
+        });
+        if !ring.head_unpublished() {
+            return false;
+        }
+        fence(Ordering::Acquire);
+        self.bare.load(Ordering::Relaxed) == p
     }
 
     /// Another poller holds the consumer lock: waits for it, unless it is this thread's own
@@ -747,6 +791,21 @@ impl Cq {
         // Consumer lock first, as polls take it: none polls while the rings change.
         let mut consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner());
         let mut rings = self.ring.write().unwrap_or_else(|e| e.into_inner());
+        // Lock-free looks (`looks_empty`) stop before anything moves, and resume on the ring
+        // that is current after, if it is the only one.
+        self.bare.store(std::ptr::null_mut(), Ordering::Relaxed);
+        fence(Ordering::Release);
+        let resized = self.resize_rings(cqe, &mut rings);
+        *consumer = rings.clone();
+        if rings.old.is_empty() {
+            self.bare
+                .store(Arc::as_ptr(&rings.cur).cast_mut(), Ordering::Release);
+        }
+        resized
+    }
+
+    /// `resize`'s work on the rings, under both locks.
+    fn resize_rings(&self, cqe: u32, rings: &mut Rings) -> Result<u32> {
         let queued: u32 = rings.all().map(Ring::len).sum();
         if cqe < queued {
             return Err(inval(format!(
@@ -778,9 +837,12 @@ impl Cq {
                     return Err(Error::NoResources("resized CQ is too small".into()));
                 }
             }
-            rings.cur = Arc::new(new);
+            let old = std::mem::replace(&mut rings.cur, Arc::new(new));
+            self.retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(old);
         }
-        *consumer = rings.clone();
         Ok(rings.cur.capacity())
     }
 }
@@ -946,6 +1008,51 @@ mod tests {
         all.sort_unstable();
         assert_eq!(all, (0..PRODUCERS * EACH).collect::<Vec<_>>());
         assert!(!c.overrun());
+    }
+
+    thread_local! {
+        /// Run once by this thread's next `looks_empty`, between its read of `bare` and its
+        /// look at that ring: where a resize may come in between.
+        pub(super) static AFTER_BARE_LOAD: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+            std::cell::RefCell::new(None);
+    }
+
+    /// Polls look for an empty CQ without the consumer lock (`looks_empty`); a resize moves
+    /// the completions into a new ring. A poll that read the old ring's pointer just before a
+    /// whole resize ran (its ring drained into the new one) must not find the CQ empty: here
+    /// the resize is made to run exactly there.
+    #[test]
+    fn a_poll_overtaken_by_a_resize_does_not_find_a_full_cq_empty() {
+        const HELD: u64 = 100;
+        let (c, _) = cq(128, None);
+        for wr_id in 0..HELD {
+            assert!(c.push(Cqe {
+                wr_id,
+                opcode: 0x80,
+                ..Default::default()
+            }));
+        }
+        let resizer = c.clone();
+        AFTER_BARE_LOAD.with(|hook| {
+            *hook.borrow_mut() = Some(Box::new(move || {
+                std::thread::spawn(move || resizer.resize(256).unwrap())
+                    .join()
+                    .unwrap();
+            }))
+        });
+        let mut out = [Cqe::default(); 4];
+        assert_eq!(
+            c.poll(&mut out),
+            4,
+            "{HELD} completions queued, the poll found none"
+        );
+        assert_eq!(out.map(|c| c.wr_id), [0, 1, 2, 3]);
+        assert!(
+            AFTER_BARE_LOAD.with(|hook| hook.borrow().is_none()),
+            "the hook ran"
+        );
+        assert_eq!(c.capacity(), 256);
+        assert_eq!(c.len(), HELD as u32 - 4);
     }
 
     /// A thread that polls inside its own polling section finds nothing (the section holds

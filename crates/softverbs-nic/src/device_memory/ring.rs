@@ -169,6 +169,16 @@ impl Ring {
         self.len() == 0
     }
 
+    /// True when the oldest slot holds no published entry, read with no lock (a hint for
+    /// consumers: see `Cq::looks_empty`). A head read stale names a slot consumed already,
+    /// whose sequence has moved past it, so that reads false too.
+    #[inline(always)]
+    pub fn head_unpublished(&self) -> bool {
+        let slots = self.slots();
+        let head = slots.head.load(Ordering::Relaxed);
+        slots.seq(head).load(Ordering::Acquire) == head
+    }
+
     /// Claims the next free slot for writing; `None` when the ring is full.
     fn claim_push(&self) -> Option<u64> {
         let tail = self.tail();
