@@ -203,6 +203,14 @@ fn c_conformance_fork() {
 
 /// `conformance rereg`: each of `ibv_rereg_mr`'s seven flag combinations, followed by
 /// traffic with the keys it returns (the new translation, PD and rights take effect).
+/// `conformance dereg`: `ibv_dereg_mr` of a region another thread is sending from returns
+/// only once no access through it is under way; the memory is unmapped right after, so an
+/// access past the return would kill the program.
+#[test]
+fn c_conformance_dereg_mr_racing_a_sender() {
+    run_c_program_with("conformance", false, &["dereg"]);
+}
+
 #[test]
 fn c_conformance_rereg_mr() {
     run_c_program_with("conformance", false, &["rereg"]);

@@ -24,6 +24,9 @@
  *          (EINVAL) and unmapped memory (EFAULT).
  *   qp     ibv_create_qp with each capacity over the device's limit, without CQs, or of an
  *          unknown type: NULL with EINVAL; at the limits it works.
+ *   dereg  ibv_dereg_mr of a region another thread's RDMA WRITEs read: when it returns, no
+ *          access through the region is under way or starts (the memory is unmapped at
+ *          once); the writer's next request completes with IBV_WC_LOC_PROT_ERR.
  *   rereg  ibv_rereg_mr with each of the seven flag combinations, each followed by traffic
  *          with the keys it returns: an RDMA WRITE lands in the new translation through a QP
  *          of the new PD, and an RDMA READ works exactly when the new rights allow it.
@@ -100,6 +103,8 @@
 #include "common.h"
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -653,6 +658,75 @@ static void family_rereg(struct ibv_context *ctx) {
         pair_close(&p2);
         free(b1);
         free(b2);
+    }
+}
+
+/* A thread that sends RDMA WRITEs of `len` bytes from `src` (region `lkey`) into `dst` until
+ * one fails, which must be for the source region being gone. */
+struct racer {
+    struct pair p;
+    char *src, *dst;
+    size_t len;
+    uint32_t lkey, rkey;
+    volatile int ok;
+    int prot;
+};
+
+static void *race_writer(void *arg) {
+    struct racer *r = arg;
+    for (;;) {
+        struct ibv_sge sge = {(uintptr_t)r->src, (uint32_t)r->len, r->lkey};
+        struct ibv_send_wr wr = {0};
+        wr.opcode = IBV_WR_RDMA_WRITE;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.wr.rdma.remote_addr = (uintptr_t)r->dst;
+        wr.wr.rdma.rkey = r->rkey;
+        post(r->p.qa, &wr);
+        struct ibv_wc wc = poll1(r->p.cq);
+        if (wc.status != IBV_WC_SUCCESS) {
+            CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
+            r->prot++;
+            return NULL;
+        }
+        r->ok++;
+    }
+}
+
+/* ibv_dereg_mr of the region another thread's WRITEs copy from: once it returns, no access
+ * through the region is under way or starts (its memory is unmapped at once, so an access
+ * after would kill the program), and the writer's next request fails with LOC_PROT_ERR. */
+static void family_dereg(struct ibv_context *ctx) {
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+    const size_t len = 4 << 20;
+    for (int round = 0; round < 16; round++) {
+        struct racer r = {.len = len};
+        pair_open(ctx, &r.p, &gid);
+        r.src = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        r.dst = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(r.src != MAP_FAILED && r.dst != MAP_FAILED);
+        memset(r.src, 'x', len);
+        struct ibv_mr *smr = ibv_reg_mr(r.p.pd, r.src, len, IBV_ACCESS_LOCAL_WRITE);
+        struct ibv_mr *dmr =
+            ibv_reg_mr(r.p.pd, r.dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        CHECK(smr && dmr);
+        r.lkey = smr->lkey;
+        r.rkey = dmr->rkey;
+        pthread_t writer;
+        CHECK(pthread_create(&writer, NULL, race_writer, &r) == 0);
+        /* Copies back to back: the deregistration comes in the middle of one. */
+        while (r.ok < 1 + round % 3)
+            sched_yield();
+        usleep(37 * round % 200);
+        CHECK(ibv_dereg_mr(smr) == 0);
+        CHECK(munmap(r.src, len) == 0);
+        CHECK(pthread_join(writer, NULL) == 0);
+        CHECK(r.prot == 1 && r.ok >= 1);
+        CHECK(r.dst[0] == 'x' && r.dst[len - 1] == 'x');
+        CHECK(ibv_dereg_mr(dmr) == 0 && munmap(r.dst, len) == 0);
+        pair_close(&r.p);
     }
 }
 
@@ -1891,6 +1965,8 @@ int main(int argc, char **argv) {
         family_fork(ctx);
     else if (!strcmp(argv[1], "rereg"))
         family_rereg(ctx);
+    else if (!strcmp(argv[1], "dereg"))
+        family_dereg(ctx);
     else if (!strcmp(argv[1], "odp"))
         family_odp(ctx);
     else if (!strcmp(argv[1], "awrite"))

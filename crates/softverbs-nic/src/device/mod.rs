@@ -24,6 +24,7 @@ pub use attr::{
     cap_flags_ex,
 };
 pub use context::Context;
+pub(crate) use qpn::QpHandle;
 use qpn::QpNumbers;
 pub use resource::InUse;
 pub(crate) use resource::{Counted, Resource, Users};
@@ -36,7 +37,6 @@ use crate::error::{Error, Result, inval};
 use crate::mr::container::Layouts;
 use crate::mr::keys::KeyTable;
 use crate::types::{AhAttr, AsyncEventType, Gid, LinkLayer, PortState};
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
@@ -49,7 +49,7 @@ pub struct Device {
     pub(crate) progress: Progress,
     /// The live QPs of this device by number, where transports find responders. The device
     /// sits below the QP layer, so it keeps them type-erased ([`Device::find_qp`]).
-    qps: RwLock<HashMap<u32, Weak<dyn Any + Send + Sync>>>,
+    qps: RwLock<HashMap<u32, Weak<dyn QpHandle>>>,
     qp_index: Mutex<QpNumbers>,
     /// Per QP-number index: send-queue slots freed by polled completions.
     pub(crate) sq_retired: Arc<[AtomicU32]>,

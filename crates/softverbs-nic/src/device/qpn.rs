@@ -16,6 +16,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
+/// What the device needs of its QPs, which live in the layer above it: found by number (as
+/// [`Any`], downcast by that layer), and waited for when a region goes.
+pub(crate) trait QpHandle: Any + Send + Sync {
+    /// Returns once no request of this QP that runs under its send lock, if the QP is in PD
+    /// `pd` and uses this device's key table, is still inside its execution (the lock taken
+    /// once). Such requests pin their own regions uncounted (`KeyTable::pin_swept`).
+    fn quiesce_sends(&self, pd: u32);
+}
+
 pub(super) struct QpNumbers {
     /// Free indices of the blocks held, oldest freed first.
     free: VecDeque<u32>,
@@ -96,7 +105,7 @@ impl Device {
     }
 
     /// Makes `qp` findable as QP `qpn` of this device ([`Device::find_qp`]).
-    pub(crate) fn register_qp(&self, qpn: u32, qp: Weak<dyn Any + Send + Sync>) {
+    pub(crate) fn register_qp(&self, qpn: u32, qp: Weak<dyn QpHandle>) {
         self.qps
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -134,7 +143,21 @@ impl Device {
             .unwrap_or_else(|e| e.into_inner())
             .get(&qpn)?
             .upgrade()?;
-        qp.downcast().ok()
+        (qp as Arc<dyn Any + Send + Sync>).downcast().ok()
+    }
+
+    /// Returns once no QP of PD `pd` on this device is inside a request's execution (see
+    /// [`QpHandle::quiesce_sends`]): what deregistering a region of `pd` waits for.
+    pub(crate) fn quiesce_senders(&self, pd: u32) {
+        // Collected first: a QP's send lock is taken without the registry's held (posts look
+        // QPs up in the registry while holding theirs).
+        let qps: Vec<Arc<dyn QpHandle>> = {
+            let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+            qps.values().filter_map(Weak::upgrade).collect()
+        };
+        for qp in qps {
+            qp.quiesce_sends(pd);
+        }
     }
 }
 

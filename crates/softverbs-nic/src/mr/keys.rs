@@ -231,12 +231,17 @@ pub struct Pin<'a> {
     count: &'a AtomicU32,
     /// Host address (in the owner's address space) of the first byte of the checked range.
     pub host: usize,
-    /// The region is on-demand (read with its rights at pin time): 0 or 1. Not a `bool`: a
-    /// bool's spare values became the tag of the lists that hold pins, and moving such a list
-    /// copied the seven bytes after it in unaligned pieces that stalled store forwarding (a
-    /// tenth of a 64-byte WRITE's time on AMD Zen).
-    on_demand: u32,
+    /// [`PIN_ON_DEMAND`] and [`PIN_SWEPT`]. Not `bool`s: a bool's spare values became the tag
+    /// of the lists that hold pins, and moving such a list copied the seven bytes after it in
+    /// unaligned pieces that stalled store forwarding (a tenth of a 64-byte WRITE's time on
+    /// AMD Zen).
+    bits: u32,
 }
+
+/// [`Pin::bits`]: the region is on-demand (read with its rights at pin time).
+const PIN_ON_DEMAND: u32 = 1;
+/// [`Pin::bits`]: counted nowhere (see [`KeyTable::pin_swept`]); dropping it does nothing.
+const PIN_SWEPT: u32 = 2;
 
 impl Pin<'_> {
     /// The process whose memory the region is.
@@ -285,7 +290,7 @@ impl Pin<'_> {
     /// EFAULT (an error completion) where a plain access would fault.
     #[inline]
     pub fn on_demand(&self) -> bool {
-        self.on_demand != 0
+        self.bits & PIN_ON_DEMAND != 0
     }
 
     /// Where the owner process itself reaches `len` bytes at `host` of this region: directly,
@@ -308,7 +313,11 @@ impl Pin<'_> {
 }
 
 impl Drop for Pin<'_> {
+    #[inline]
     fn drop(&mut self) {
+        if self.bits & PIN_SWEPT != 0 {
+            return;
+        }
         // Saturating: a deregistration that gave up waiting for a dead peer reset the count.
         let _ = self
             .count
@@ -525,8 +534,11 @@ impl KeyTable {
         Ok(key)
     }
 
-    /// Invalidates `key`, waiting for in-flight accesses through it to finish.
-    pub fn deregister(&self, key: u32) -> Result<()> {
+    /// Invalidates `key`, waiting for in-flight accesses through it to finish: those that
+    /// counted themselves, and, through `sweep` (called with the region's PD once it can no
+    /// longer be pinned, returning once each reader of [`pin_swept`](Self::pin_swept) in that
+    /// PD is past what it began), those that did not.
+    pub fn deregister(&self, key: u32, sweep: &dyn Fn(u32)) -> Result<()> {
         let e = self
             .entry(self.slot(key))
             .filter(|e| {
@@ -539,6 +551,9 @@ impl KeyTable {
         {
             return Err(Error::NotFound(format!("memory key {key:#x}")));
         }
+        // Readers that did not count themselves are past their accesses once the sweep
+        // returns: none passes the check now that the region is DYING.
+        sweep(e.pd.load(Ordering::Relaxed));
         // Pins are held only for the duration of one copy, so this wait is short; a peer
         // process that died holding a pin must not hang us, hence the bound.
         e.wait_unpinned(std::time::Instant::now() + std::time::Duration::from_secs(1));
@@ -591,6 +606,29 @@ impl KeyTable {
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
         self.pin_key(key, pd, None, iova, len, need)
+    }
+
+    /// Like [`pin`](Self::pin), counting the pin nowhere (no locked instruction to take it or
+    /// let it go), for a reader that [`deregister`](Self::deregister)'s `sweep` covers: a
+    /// request executing under the send lock of a QP of this table's device in PD `pd` (not
+    /// of an imported PD). `deregister` moves the region out of VALID, then the sweep takes
+    /// every such send lock once, so an access that passed the check ends before the region
+    /// goes, and one that starts after finds it gone. In a table opened from another process
+    /// it is [`pin`](Self::pin).
+    #[inline(always)]
+    pub(crate) fn pin_swept(
+        &self,
+        key: u32,
+        pd: u32,
+        iova: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<Pin<'_>, KeyError> {
+        let (pin, e) = self.pin_checked(key, pd, None, iova, len, need, !self.owner)?;
+        if e.layout_gen.load(Ordering::Acquire) != 0 {
+            return Err(KeyError::Layout);
+        }
+        Ok(pin)
     }
 
     /// Like [`pin`](Self::pin) for an rkey a request brought to QP `qpn`: a region's key, or
@@ -647,7 +685,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        let (pin, e) = self.pin_checked(key, pd, remote_qp, iova, len, need)?;
+        let (pin, e) = self.pin_checked(key, pd, remote_qp, iova, len, need, true)?;
         // The one extra branch ordinary keys pay for layouts.
         if e.layout_gen.load(Ordering::Acquire) != 0 {
             return Err(KeyError::Layout);
@@ -666,7 +704,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<(Pin<'_>, LayoutRef), KeyError> {
-        let (pin, e) = self.pin_checked(key, pd, None, iova, len, need)?;
+        let (pin, e) = self.pin_checked(key, pd, None, iova, len, need, true)?;
         let generation = e.layout_gen.load(Ordering::Acquire);
         let fd = e.layout_fd.load(Ordering::Relaxed);
         if generation == 0 || fd == 0 {
@@ -694,7 +732,10 @@ impl KeyTable {
         }
     }
 
+    /// The checks of every pin; `counted`: the pin counts itself (else see
+    /// [`pin_swept`](Self::pin_swept)).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the pins' one shared body
     pub(crate) fn pin_checked(
         &self,
         key: u32,
@@ -703,18 +744,21 @@ impl KeyTable {
         iova: u64,
         len: u64,
         need: AccessFlags,
+        counted: bool,
     ) -> Result<(Pin<'_>, &KeyEntry), KeyError> {
         let e = self.find(key).ok_or(KeyError::Invalid)?;
         let count = match self.owner {
             true => &e.owner_pins.0,
             false => &e.peer_pins,
         };
-        count.fetch_add(1, Ordering::SeqCst);
+        if counted {
+            count.fetch_add(1, Ordering::SeqCst);
+        }
         let mut pin = Pin {
             entry: e,
             count,
             host: 0,
-            on_demand: 0,
+            bits: if counted { 0 } else { PIN_SWEPT },
         };
         if e.state.load(Ordering::SeqCst) != VALID || e.key.load(Ordering::Relaxed) != key {
             return Err(KeyError::Invalid);
@@ -739,7 +783,9 @@ impl KeyTable {
         if !access.contains(need) {
             return Err(KeyError::Access);
         }
-        pin.on_demand = u32::from(access.contains(AccessFlags::ON_DEMAND));
+        if access.contains(AccessFlags::ON_DEMAND) {
+            pin.bits |= PIN_ON_DEMAND;
+        }
         let base = e.iova.load(Ordering::Relaxed);
         let length = e.length.load(Ordering::Relaxed);
         let offset = iova.checked_sub(base).ok_or(KeyError::Bounds)?;
@@ -822,7 +868,7 @@ mod tests {
             view.pin(ka, 1, 0x1000, 64, AccessFlags::REMOTE_WRITE)
                 .is_ok()
         );
-        a.deregister(ka).unwrap();
+        a.deregister(ka, &|_| {}).unwrap();
         assert!(a.pin(ka, 1, 0x1000, 64, AccessFlags::REMOTE_WRITE).is_err());
         let again = reg(&a);
         assert_ne!(again, ka, "the slot's next key differs");
@@ -858,12 +904,12 @@ mod tests {
             t.pin(k, 7, u64::MAX, 2, AccessFlags::empty()).err(),
             Some(KeyError::Bounds)
         );
-        t.deregister(k).unwrap();
+        t.deregister(k, &|_| {}).unwrap();
         assert_eq!(
             t.pin(k, 7, 0x5000, 1, AccessFlags::empty()).err(),
             Some(KeyError::Invalid)
         );
-        assert!(t.deregister(k).is_err());
+        assert!(t.deregister(k, &|_| {}).is_err());
         // The slot is reused with a new generation; the old key stays dead.
         let k2 = t.register(7, 0x1000, 100, 0x5000, acc, None).unwrap();
         assert_ne!(k, k2);
@@ -928,7 +974,7 @@ mod tests {
         let done = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             let dereg = s.spawn(|| {
-                t.deregister(k).unwrap();
+                t.deregister(k, &|_| {}).unwrap();
                 done.store(true, Ordering::SeqCst);
             });
             std::thread::sleep(std::time::Duration::from_millis(50));

@@ -175,21 +175,39 @@ impl Drop for Spans<'_> {
 }
 
 /// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable. An
-/// SGE whose key is a non-contiguous layout becomes the spans of its pieces.
+/// SGE whose key is a non-contiguous layout becomes the spans of its pieces. `swept`: the
+/// caller is a reader [`KeyTable::pin_swept`] may leave uncounted (its regions' own pins;
+/// a layout's pieces are always counted).
 #[inline]
 pub(crate) fn pin_sges<'k>(
     keys: &'k KeyTable,
     pd: u32,
     sges: &[Sge],
     need: AccessFlags,
+    swept: bool,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Result<Spans<'k>, KeyError> {
+    // Inlined, as the key checks are (see `KeyTable::pin`): a closure here was not.
+    #[inline(always)]
+    fn pin<'k>(
+        keys: &'k KeyTable,
+        swept: bool,
+        pd: u32,
+        s: &Sge,
+        need: AccessFlags,
+    ) -> Result<Pin<'k>, KeyError> {
+        let n = u64::from(s.length);
+        match swept {
+            true => keys.pin_swept(s.lkey, pd, s.addr, n, need),
+            false => keys.pin(s.lkey, pd, s.addr, n, need),
+        }
+    }
     // Nearly every request: one SGE of an ordinary key, built in place.
     if let [s] = sges
         && s.length > 0
     {
         let n = u64::from(s.length);
-        match keys.pin(s.lkey, pd, s.addr, n, need) {
+        match pin(keys, swept, pd, s, need) {
             Ok(pin) => {
                 let span = place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?;
                 return Ok(Spans {
@@ -207,7 +225,7 @@ pub(crate) fn pin_sges<'k>(
     let mut len = 0u64;
     for s in sges.iter().filter(|s| s.length > 0) {
         let n = u64::from(s.length);
-        match keys.pin(s.lkey, pd, s.addr, n, need) {
+        match pin(keys, swept, pd, s, need) {
             Ok(pin) => {
                 spans.push(place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?);
                 pins.push(pin);

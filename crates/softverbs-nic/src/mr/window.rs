@@ -204,7 +204,15 @@ impl KeyTable {
             return Ok(b.rkey);
         }
         let (mr, m) = self
-            .pin_checked(b.mr, b.pd, None, b.addr, b.length, AccessFlags::MW_BIND)
+            .pin_checked(
+                b.mr,
+                b.pd,
+                None,
+                b.addr,
+                b.length,
+                AccessFlags::MW_BIND,
+                true,
+            )
             .map_err(
                 |_| "the region is not a region of the QP's PD with MW_BIND covering the range",
             )?;
@@ -434,7 +442,7 @@ mod tests {
             assert_eq!(t.windows_on(mr), 0);
             assert!(t.pin_remote(rkey, 1, 9, 0x10_0100, 8, RIGHTS).is_err());
             t.dealloc_window(rkey).unwrap();
-            t.deregister(mr).unwrap();
+            t.deregister(mr, &|_| {}).unwrap();
         }
     }
 
@@ -448,7 +456,7 @@ mod tests {
             t.pin_remote(rkey, 1, 4, 0x10_0100, 8, RIGHTS).is_ok(),
             "type 1: any QP"
         );
-        t.deregister(mr).unwrap();
+        t.deregister(mr, &|_| {}).unwrap();
         assert!(t.pin_remote(rkey, 1, 4, 0x10_0100, 8, RIGHTS).is_err());
         assert!(t.invalidate_window(rkey, 1).is_err(), "type 1");
     }

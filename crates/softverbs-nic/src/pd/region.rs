@@ -403,15 +403,21 @@ impl Mr {
             info.access,
             None,
         )?;
+        // No sweep of the senders (see `KeyTable::pin_swept`) for a container's keys: `old`
+        // carries a layout, so a request's own pin of it answers `Layout` and reads nothing
+        // (the layout's pieces are counted pins), and `new` was never handed out. The sweep,
+        // under this layout lock, could wait for a QP whose bind of this container waits for
+        // the lock.
+        let unswept = &|_| {};
         if let Some(cur) = &st.current
             && let Err(e) = cur.publish_as(&dev.keys, new, cur.generation())
         {
-            let _ = dev.keys.deregister(new);
+            let _ = dev.keys.deregister(new, unswept);
             return Err(e);
         }
         self.shared.key.store(new, Ordering::Release);
         dev.layouts.rekey(old, new, &self.shared);
-        let _ = dev.keys.deregister(old);
+        let _ = dev.keys.deregister(old, unswept);
         Ok(())
     }
 }
@@ -427,7 +433,7 @@ impl Drop for Mr {
             }
             dev.layouts.forget(key);
         }
-        let _ = dev.keys.deregister(key);
+        let _ = dev.keys.deregister(key, &|pd| dev.quiesce_senders(pd));
     }
 }
 

@@ -675,6 +675,18 @@ impl Drop for NumberGuard<'_> {
     }
 }
 
+impl crate::device::QpHandle for Qp {
+    /// The send lock taken once: a requester's own regions' pins, taken under it, count
+    /// themselves nowhere (`KeyTable::pin_swept`). No deregistration happens under a send
+    /// lock (work requests name keys, they hold no regions), so this never waits on the
+    /// calling thread itself.
+    fn quiesce_sends(&self, pd: u32) {
+        if self.pd.id == pd && self.import.is_none() {
+            drop(lock(&self.send));
+        }
+    }
+}
+
 impl Drop for Qp {
     fn drop(&mut self) {
         // The datagrams a UD QP posted leave before it goes, as from a NIC, which sends them

@@ -16,6 +16,16 @@ use crate::mr::access::{self, Span};
 use crate::mr::resolve::{Spans, pin_sges};
 use crate::types::{AccessFlags, LinkLayer, QpType, SendFlags, WcStatus};
 
+/// Proof that the caller holds the send lock: made only from the state it guards.
+#[derive(Clone, Copy)]
+struct SendLocked(());
+
+impl SendLocked {
+    fn of(_: &SendState) -> SendLocked {
+        SendLocked(())
+    }
+}
+
 impl Qp {
     pub(crate) fn execute(&self, st: &mut SendState, w: &SendWqe<'_>) -> Outcome {
         if w.op.is_local() {
@@ -26,6 +36,7 @@ impl Qp {
         } else {
             AccessFlags::empty()
         };
+        let held = SendLocked::of(st);
         // The connected responder first, so that the lines its lookup prefetches are on their
         // way while the local side is checked; its absence still ranks after a local error.
         let target = match self.qp_type {
@@ -35,7 +46,7 @@ impl Qp {
                 self.responder(&mut st.peer, av, &st.peer_dev, qpn)
             }
         };
-        let local = match self.local(&w.payload, need) {
+        let local = match self.local(held, &w.payload, need) {
             Ok(l) => l,
             Err(status) => return Outcome::Done(status, 0),
         };
@@ -109,9 +120,12 @@ impl Qp {
         }
     }
 
-    /// Checks and pins the local side of a work request.
+    /// Checks and pins the local side of a work request. `_held`: the send lock is held, so
+    /// the region's own pins need not count themselves ([`KeyTable::pin_swept`]: the
+    /// owner's deregistration takes this lock before the region goes).
     fn local<'a>(
         &'a self,
+        _held: SendLocked,
         payload: &'a Payload<'_>,
         need: AccessFlags,
     ) -> Result<Spans<'a>, WcStatus> {
@@ -126,6 +140,7 @@ impl Qp {
                 self.pd.id,
                 sges,
                 need,
+                self.import.is_none(),
                 // Inlined, as the key checks are (see `KeyTable::pin`).
                 #[inline(always)]
                 |p, h, n| self.place_local(p, h, n),

@@ -492,6 +492,7 @@ fn deliver_send<R: Responder>(
         target.recv_pd(),
         &r.sges,
         AccessFlags::LOCAL_WRITE,
+        false,
         #[inline(always)]
         |p, h, n| target.place(p, h, n),
     ) {

@@ -194,6 +194,9 @@ impl Qp {
 
     /// The send lock, for posting: the connected peer's lines are fetched meanwhile.
     fn lock_send(&self) -> MutexGuard<'_, SendState> {
+        // The QP's own state word, read right after: over many QPs it is a miss, which then
+        // overlaps the lock instead of following it.
+        crate::device_memory::prefetch::read(&self.ctx().state);
         let st = lock(&self.send);
         if let Some(peer) = &st.peer {
             self.warm(peer);

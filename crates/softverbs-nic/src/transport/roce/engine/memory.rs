@@ -246,6 +246,7 @@ impl Memory for HostMemory {
                 q.pd_id(),
                 sges,
                 AccessFlags::empty(),
+                false,
                 |p, h, n| q.place(p, h, n),
             )
         })
@@ -265,6 +266,7 @@ impl Memory for HostMemory {
                 q.recv_pd(),
                 sges,
                 AccessFlags::LOCAL_WRITE,
+                false,
                 |p, h, n| q.place(p, h, n),
             )
         })
