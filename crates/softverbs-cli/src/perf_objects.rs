@@ -2,9 +2,10 @@
 //! time to create and destroy each of N QPs (with the default queue sizes, and with the small
 //! ones an application with a QP per peer picks), the memory each idle QP holds (device
 //! memory the NIC allocated for it, and the growth of the process's resident set), the file
-//! descriptors the process holds before and after; and the time to register and deregister
-//! each of M memory regions (the device's `max_mr` by default, so that the limit is shown to
-//! be real).
+//! descriptors the process holds before and after; the time to deregister a memory region of
+//! their PD while they exist (deregistration waits for each QP of the PD to be outside any
+//! request, see `KeyTable::pin_swept`); and the time to register and deregister each of M
+//! memory regions (the device's `max_mr` by default, so that the limit is shown to be real).
 //!
 //! One process, one device; nothing else is timed. The QPs stay in RESET: an idle QP of an
 //! application is connected, but connecting adds no memory (the peer's QP context is mapped,
@@ -50,6 +51,8 @@ struct QpCase {
     resident_bytes: f64,
     fds_before: usize,
     fds_with_qps: usize,
+    /// Deregistering a region of the QPs' PD while they exist, µs a region.
+    deregister_beside_us: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -109,6 +112,7 @@ fn qp_case(
     let mem1 = softverbs::nic::device_memory::arena::usage().live_bytes as f64;
     let rss1 = resident();
     let fds_with_qps = open_fds();
+    let beside = mr_case(pd, DEREG_BESIDE, DEREG_BESIDE)?;
     let t = Instant::now();
     drop(qps);
     let destroy = t.elapsed();
@@ -124,8 +128,12 @@ fn qp_case(
         resident_bytes: (rss1 - rss0) / f64::from(n),
         fds_before,
         fds_with_qps,
+        deregister_beside_us: beside.deregister_us,
     })
 }
+
+/// Regions registered and deregistered beside each case's QPs.
+const DEREG_BESIDE: u32 = 256;
 
 fn mr_case(pd: &ProtectionDomain, m: u32, max_mr: u32) -> Result<MrCase> {
     let mut buf = vec![0u8; 4096];
@@ -201,7 +209,7 @@ impl Report {
                 t,
                 "  {} RC QPs, {} ({} send / {} receive WRs): create {:.1} µs, destroy {:.1} µs \
                  a QP; {:.0} B of device memory and {:.0} B resident a QP; descriptors {} \
-                 before, {} with them",
+                 before, {} with them; deregistering a region of their PD {:.1} µs",
                 c.qps,
                 c.case,
                 c.max_send_wr,
@@ -211,7 +219,8 @@ impl Report {
                 c.device_memory_bytes,
                 c.resident_bytes,
                 c.fds_before,
-                c.fds_with_qps
+                c.fds_with_qps,
+                c.deregister_beside_us
             );
         }
         if let Some(m) = &self.mr {
