@@ -13,6 +13,7 @@ pub(crate) mod requester;
 pub(crate) mod responder;
 pub mod rq;
 mod send;
+mod send_lock;
 mod state;
 pub mod wr;
 pub mod xrc;
@@ -37,6 +38,7 @@ use crate::types::{
 use context::{DESTROYED, QpCtx};
 use request::{Deliver, Offload};
 use send::{lock, seq_before};
+use send_lock::SendLock;
 use state::{apply, transition};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -68,7 +70,7 @@ pub struct Qp {
     /// Set when a transport executes this QP's requests (a networked device's engine);
     /// boxed, so that telling whether it is set reads a line the request reads anyway.
     pub(crate) offload: Option<Box<<Qp as Deliver>::Offloaded>>,
-    send: Mutex<SendState>,
+    send: SendLock<SendState>,
     pub(crate) send_cq: Arc<Cq>,
     events: Arc<AsyncQueue>,
     pub(crate) recv_cq: Arc<Cq>,
@@ -229,7 +231,7 @@ impl Qp {
             sq_sig_all: init.sq_sig_all,
             ctx: Head::new(ctx),
             _listing: listing,
-            send: Mutex::new(SendState {
+            send: SendLock::new(SendState {
                 attr: QpAttr {
                     cap,
                     path_mtu: dev.config.active_mtu,
@@ -700,9 +702,7 @@ impl Drop for Qp {
         self.ctx().state.store(DESTROYED, Ordering::Release);
         self.dev.unregister_qp(self.qpn);
         // Our connection may have been the last user of what the transport keeps for it.
-        if let Ok(mut st) = self.send.lock() {
-            st.peer = None;
-        }
+        self.send.lock().peer = None;
         self.release();
     }
 }

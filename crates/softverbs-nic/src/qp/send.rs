@@ -10,14 +10,15 @@
 use super::Qp;
 use super::attr::QpAttr;
 use super::request::{Deliver, Offload};
+use super::send_lock::{SendGuard, SendLock};
 use crate::cq::Cqe;
 use crate::device::Device;
 use crate::error::{Error, Result, inval};
 use crate::qp::wr::{Payload, SendWqe};
 use crate::types::{AsyncEventType, QpState, QpType, SendFlags, WcStatus, ack_timeout};
 use std::collections::VecDeque;
+use std::sync::Weak;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// A rejected work request: which one (`bad_wr`) and why.
@@ -63,8 +64,8 @@ pub(crate) enum Outcome {
     NoAck,
 }
 
-pub(super) fn lock(m: &Mutex<SendState>) -> MutexGuard<'_, SendState> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+pub(super) fn lock(m: &SendLock<SendState>) -> SendGuard<'_, SendState> {
+    m.lock()
 }
 
 pub(super) fn seq_before(a: u32, b: u32) -> bool {
@@ -193,7 +194,7 @@ impl Qp {
     }
 
     /// The send lock, for posting: the connected peer's lines are fetched meanwhile.
-    fn lock_send(&self) -> MutexGuard<'_, SendState> {
+    fn lock_send(&self) -> SendGuard<'_, SendState> {
         // The QP's own state word, read right after: over many QPs it is a miss, which then
         // overlaps the lock instead of following it.
         crate::device_memory::prefetch::read(&self.ctx().state);
