@@ -3,7 +3,9 @@
 //! A key is `index << 8 | generation`, so a stale key (the slot was reused) never matches.
 //! Readers pin an entry (count themselves in one of its two pin counts) before touching its
 //! memory, and deregistration waits until no one is pinned, so the bytes behind a key stay
-//! valid for the whole access even if the owner deregisters concurrently.
+//! valid for the whole access even if the owner deregisters concurrently. A requester's own
+//! keys, checked under its QP's send lock, count themselves nowhere: deregistration takes
+//! each such lock of the region's PD once instead ([`KeyTable::pin_swept`]).
 //!
 //! Memory windows live in the same table (see [`crate::mr::window`]): an entry of kind
 //! window carries a copy of the range of the region it is bound to, so a pin reads one entry
@@ -605,7 +607,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        self.pin_key(key, pd, None, iova, len, need)
+        self.pin_key(key, pd, None, iova, len, need, true)
     }
 
     /// Like [`pin`](Self::pin), counting the pin nowhere (no locked instruction to take it or
@@ -624,11 +626,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        let (pin, e) = self.pin_checked(key, pd, None, iova, len, need, !self.owner)?;
-        if e.layout_gen.load(Ordering::Acquire) != 0 {
-            return Err(KeyError::Layout);
-        }
-        Ok(pin)
+        self.pin_key(key, pd, None, iova, len, need, !self.owner)
     }
 
     /// Like [`pin`](Self::pin) for an rkey a request brought to QP `qpn`: a region's key, or
@@ -643,7 +641,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        self.pin_key(key, pd, Some(qpn), iova, len, need)
+        self.pin_key(key, pd, Some(qpn), iova, len, need, true)
     }
 
     /// The responder's side of an RDMA FLUSH with global placement, for a request that
@@ -670,12 +668,21 @@ impl KeyTable {
         } else {
             (iova, len)
         };
-        self.pin_key(key, pd, Some(qpn), iova, len, AccessFlags::FLUSH_GLOBAL)?;
+        self.pin_key(
+            key,
+            pd,
+            Some(qpn),
+            iova,
+            len,
+            AccessFlags::FLUSH_GLOBAL,
+            true,
+        )?;
         std::sync::atomic::fence(Ordering::SeqCst);
         Ok(())
     }
 
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the pins' shared body, as `pin_checked`
     fn pin_key(
         &self,
         key: u32,
@@ -684,8 +691,9 @@ impl KeyTable {
         iova: u64,
         len: u64,
         need: AccessFlags,
+        counted: bool,
     ) -> Result<Pin<'_>, KeyError> {
-        let (pin, e) = self.pin_checked(key, pd, remote_qp, iova, len, need, true)?;
+        let (pin, e) = self.pin_checked(key, pd, remote_qp, iova, len, need, counted)?;
         // The one extra branch ordinary keys pay for layouts.
         if e.layout_gen.load(Ordering::Acquire) != 0 {
             return Err(KeyError::Layout);

@@ -37,7 +37,7 @@ use crate::types::{
 };
 use context::{DESTROYED, QpCtx};
 use request::{Deliver, Offload};
-use send::{lock, seq_before};
+use send::seq_before;
 use send_lock::SendLock;
 use state::{apply, transition};
 use std::collections::VecDeque;
@@ -357,7 +357,7 @@ impl Qp {
 
     /// `ibv_query_qp`: the current attributes.
     pub fn query(&self) -> QpAttr {
-        let st = lock(&self.send);
+        let st = self.send.lock();
         let mut a = st.attr.clone();
         a.qp_state = self.state();
         a.cur_qp_state = a.qp_state;
@@ -371,7 +371,7 @@ impl Qp {
 
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: M) -> Result<()> {
-        let mut st = lock(&self.send);
+        let mut st = self.send.lock();
         let cur = self.state();
         if mask.contains(M::CUR_STATE) && attr.cur_qp_state != cur {
             return Err(inval(format!(
@@ -572,7 +572,7 @@ impl Qp {
     /// The transport that executes this QP's requests is gone (its host engine died): the QP
     /// goes to ERR, and everything it had handed over or posted completes with a flush.
     pub(crate) fn offload_lost(&self) {
-        let mut st = lock(&self.send);
+        let mut st = self.send.lock();
         if !self.ctx().move_to_err() {
             return;
         }
@@ -648,7 +648,7 @@ impl Timer for Qp {
     /// A timer of this QP expired: an RNR or ACK wait ended, or a responder error wants the
     /// QP flushed.
     fn on_timer(&self) {
-        let mut st = lock(&self.send);
+        let mut st = self.send.lock();
         if self.state() == QpState::Err {
             self.flush(&mut st);
         }
@@ -684,7 +684,7 @@ impl crate::device::QpHandle for Qp {
     /// calling thread itself.
     fn quiesce_sends(&self, pd: u32) {
         if self.pd.id == pd && self.import.is_none() {
-            drop(lock(&self.send));
+            drop(self.send.lock());
         }
     }
 }

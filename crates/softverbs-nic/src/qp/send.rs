@@ -10,7 +10,7 @@
 use super::Qp;
 use super::attr::QpAttr;
 use super::request::{Deliver, Offload};
-use super::send_lock::{SendGuard, SendLock};
+use super::send_lock::SendGuard;
 use crate::cq::Cqe;
 use crate::device::Device;
 use crate::error::{Error, Result, inval};
@@ -62,10 +62,6 @@ pub(crate) enum Outcome {
     Rnr(Duration),
     /// Nothing answered: retry after the ACK timeout.
     NoAck,
-}
-
-pub(super) fn lock(m: &SendLock<SendState>) -> SendGuard<'_, SendState> {
-    m.lock()
 }
 
 pub(super) fn seq_before(a: u32, b: u32) -> bool {
@@ -198,7 +194,7 @@ impl Qp {
         // The QP's own state word, read right after: over many QPs it is a miss, which then
         // overlaps the lock instead of following it.
         crate::device_memory::prefetch::read(&self.ctx().state);
-        let st = lock(&self.send);
+        let st = self.send.lock();
         if let Some(peer) = &st.peer {
             self.warm(peer);
         }
