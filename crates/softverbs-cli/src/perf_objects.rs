@@ -4,7 +4,7 @@
 //! memory the NIC allocated for it, and the growth of the process's resident set), the file
 //! descriptors the process holds before and after; the time to deregister a memory region of
 //! their PD while they exist (deregistration waits for each QP of the PD to be outside any
-//! request, see `KeyTable::pin_swept`); and the time to register and deregister each of M
+//! request, see `KeyTable::pin_key`); and the time to register and deregister each of M
 //! memory regions (the device's `max_mr` by default, so that the limit is shown to be real).
 //!
 //! One process, one device; nothing else is timed. The QPs stay in RESET: an idle QP of an

@@ -263,15 +263,15 @@ pub struct Cq {
     /// and replaces both. The rings live in `Arc`s, so a polling cursor can keep the one it
     /// reads in place at a fixed address while it holds the guard.
     consumer: Mutex<Rings>,
-    /// `ring.cur` while the CQ has no old rings, else null: polls look at it without the
+    /// The CQ's first ring until its first resize, then null: polls look at it without the
     /// consumer lock to find the CQ empty ([`Cq::looks_empty`]). A busy-polling program polls
     /// an empty CQ far more often than a full one, and the lock's two locked instructions were
-    /// most of such a poll (in `ib_send_lat`, the poll loop's time sat on them). Every ring
-    /// it named stays alive while the CQ does (`retired`), so a look racing a resize reads a
-    /// live ring.
+    /// most of such a poll (in `ib_send_lat`, the poll loop's time sat on them). A resized
+    /// CQ's polls always take the lock, so the only ring a look may hold is this first one,
+    /// kept while the CQ lives (`retired`) once a resize drained it.
     bare: AtomicPtr<Ring>,
-    /// Rings a resize replaced (and drained into the new one), kept for `bare`'s readers.
-    retired: Mutex<Vec<Arc<Ring>>>,
+    /// The first ring, once a resize drained it into the next: kept for `bare`'s readers.
+    retired: Mutex<Option<Arc<Ring>>>,
     /// The thread whose polling section holds `consumer` ([`thread_token`]; 0 when none): a
     /// poll that thread makes meanwhile finds the CQ empty instead of waiting on itself.
     section: std::sync::atomic::AtomicUsize,
@@ -359,7 +359,7 @@ impl Cq {
         let cq = Arc::new(Cq {
             id,
             bare: AtomicPtr::new(Arc::as_ptr(&rings.cur).cast_mut()),
-            retired: Mutex::new(Vec::new()),
+            retired: Mutex::new(None),
             consumer: Mutex::new(rings.clone()),
             section: std::sync::atomic::AtomicUsize::new(0),
             ring: RwLock::new(rings),
@@ -428,17 +428,17 @@ impl Cq {
     ///
     /// A head read stale (another poller moved it) names a slot taken already, whose sequence
     /// is then not the head's, so only a slot no producer had published yet says empty: what
-    /// a locked poll at that moment would have found. A resize nulls `bare` before it moves
-    /// anything (then a release fence): a look that read any head the resize wrote sees the
-    /// null on its second read of `bare` and takes the lock.
+    /// a locked poll at that moment would have found. A resize nulls `bare` (for good) before
+    /// it moves anything (then a release fence): a look that read any head the resize wrote
+    /// sees the null on its second read of `bare` and takes the lock.
     #[inline(always)]
     fn looks_empty(&self) -> bool {
         let p = self.bare.load(Ordering::Acquire);
         if p.is_null() {
             return false;
         }
-        // SAFETY: every ring `bare` named is kept alive while the CQ is (`consumer`, `ring`
-        // or `retired` hold it), and `&self` is.
+        // SAFETY: the one ring `bare` ever names is kept alive while the CQ is (`consumer`,
+        // `ring`, or once drained `retired`, hold it), and `&self` is.
         let ring = unsafe { &*p };
         #[cfg(test)]
         tests::AFTER_BARE_LOAD.with(|hook| {
@@ -791,21 +791,9 @@ impl Cq {
         // Consumer lock first, as polls take it: none polls while the rings change.
         let mut consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner());
         let mut rings = self.ring.write().unwrap_or_else(|e| e.into_inner());
-        // Lock-free looks (`looks_empty`) stop before anything moves, and resume on the ring
-        // that is current after, if it is the only one.
-        self.bare.store(std::ptr::null_mut(), Ordering::Relaxed);
+        // Lock-free looks (`looks_empty`) stop, for good, before anything moves.
+        let bare = self.bare.swap(std::ptr::null_mut(), Ordering::Relaxed);
         fence(Ordering::Release);
-        let resized = self.resize_rings(cqe, &mut rings);
-        *consumer = rings.clone();
-        if rings.old.is_empty() {
-            self.bare
-                .store(Arc::as_ptr(&rings.cur).cast_mut(), Ordering::Release);
-        }
-        resized
-    }
-
-    /// `resize`'s work on the rings, under both locks.
-    fn resize_rings(&self, cqe: u32, rings: &mut Rings) -> Result<u32> {
         let queued: u32 = rings.all().map(Ring::len).sum();
         if cqe < queued {
             return Err(inval(format!(
@@ -838,11 +826,11 @@ impl Cq {
                 }
             }
             let old = std::mem::replace(&mut rings.cur, Arc::new(new));
-            self.retired
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(old);
+            if std::ptr::eq(Arc::as_ptr(&old), bare) {
+                *self.retired.lock().unwrap_or_else(|e| e.into_inner()) = Some(old);
+            }
         }
+        *consumer = rings.clone();
         Ok(rings.cur.capacity())
     }
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Weak};
 pub(crate) trait QpHandle: Any + Send + Sync {
     /// Returns once no request of this QP that runs under its send lock, if the QP is in PD
     /// `pd` and uses this device's key table, is still inside its execution (the lock taken
-    /// once). Such requests pin their own regions uncounted (`KeyTable::pin_swept`).
+    /// once). Such requests pin their own regions uncounted (`KeyTable::pin_key`).
     fn quiesce_sends(&self, pd: u32);
 }
 

@@ -5,7 +5,7 @@
 //! memory, and deregistration waits until no one is pinned, so the bytes behind a key stay
 //! valid for the whole access even if the owner deregisters concurrently. A requester's own
 //! keys, checked under its QP's send lock, count themselves nowhere: deregistration takes
-//! each such lock of the region's PD once instead ([`KeyTable::pin_swept`]).
+//! each such lock of the region's PD once instead ([`KeyTable::pin_key`]).
 //!
 //! Memory windows live in the same table (see [`crate::mr::window`]): an entry of kind
 //! window carries a copy of the range of the region it is bound to, so a pin reads one entry
@@ -242,7 +242,7 @@ pub struct Pin<'a> {
 
 /// [`Pin::bits`]: the region is on-demand (read with its rights at pin time).
 const PIN_ON_DEMAND: u32 = 1;
-/// [`Pin::bits`]: counted nowhere (see [`KeyTable::pin_swept`]); dropping it does nothing.
+/// [`Pin::bits`]: counted nowhere (see [`KeyTable::pin_key`]); dropping it does nothing.
 const PIN_SWEPT: u32 = 2;
 
 impl Pin<'_> {
@@ -538,7 +538,7 @@ impl KeyTable {
 
     /// Invalidates `key`, waiting for in-flight accesses through it to finish: those that
     /// counted themselves, and, through `sweep` (called with the region's PD once it can no
-    /// longer be pinned, returning once each reader of [`pin_swept`](Self::pin_swept) in that
+    /// longer be pinned, returning once each reader of [`pin_key`](Self::pin_key)'s `swept` in that
     /// PD is past what it began), those that did not.
     pub fn deregister(&self, key: u32, sweep: &dyn Fn(u32)) -> Result<()> {
         let e = self
@@ -607,26 +607,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        self.pin_key(key, pd, None, iova, len, need, true)
-    }
-
-    /// Like [`pin`](Self::pin), counting the pin nowhere (no locked instruction to take it or
-    /// let it go), for a reader that [`deregister`](Self::deregister)'s `sweep` covers: a
-    /// request executing under the send lock of a QP of this table's device in PD `pd` (not
-    /// of an imported PD). `deregister` moves the region out of VALID, then the sweep takes
-    /// every such send lock once, so an access that passed the check ends before the region
-    /// goes, and one that starts after finds it gone. In a table opened from another process
-    /// it is [`pin`](Self::pin).
-    #[inline(always)]
-    pub(crate) fn pin_swept(
-        &self,
-        key: u32,
-        pd: u32,
-        iova: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<Pin<'_>, KeyError> {
-        self.pin_key(key, pd, None, iova, len, need, !self.owner)
+        self.pin_key(key, pd, None, iova, len, need, false)
     }
 
     /// Like [`pin`](Self::pin) for an rkey a request brought to QP `qpn`: a region's key, or
@@ -641,7 +622,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        self.pin_key(key, pd, Some(qpn), iova, len, need, true)
+        self.pin_key(key, pd, Some(qpn), iova, len, need, false)
     }
 
     /// The responder's side of an RDMA FLUSH with global placement, for a request that
@@ -675,15 +656,23 @@ impl KeyTable {
             iova,
             len,
             AccessFlags::FLUSH_GLOBAL,
-            true,
+            false,
         )?;
         std::sync::atomic::fence(Ordering::SeqCst);
         Ok(())
     }
 
+    /// The pins of [`pin`](Self::pin), [`pin_remote`](Self::pin_remote) (`remote_qp`) and
+    /// FLUSH. `swept`: the pin counts itself nowhere (no locked instruction to take it or let
+    /// it go), for a reader that [`deregister`](Self::deregister)'s `sweep` covers: a request
+    /// executing under the send lock of a QP of this table's device in PD `pd` (not of an
+    /// imported PD). `deregister` moves the region out of VALID, then the sweep takes every
+    /// such send lock once, so an access that passed the check ends before the region goes,
+    /// and one that starts after finds it gone. In a table opened from another process a pin
+    /// always counts.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the pins' shared body, as `pin_checked`
-    fn pin_key(
+    pub(crate) fn pin_key(
         &self,
         key: u32,
         pd: u32,
@@ -691,8 +680,9 @@ impl KeyTable {
         iova: u64,
         len: u64,
         need: AccessFlags,
-        counted: bool,
+        swept: bool,
     ) -> Result<Pin<'_>, KeyError> {
+        let counted = !(swept && self.owner);
         let (pin, e) = self.pin_checked(key, pd, remote_qp, iova, len, need, counted)?;
         // The one extra branch ordinary keys pay for layouts.
         if e.layout_gen.load(Ordering::Acquire) != 0 {
@@ -741,7 +731,7 @@ impl KeyTable {
     }
 
     /// The checks of every pin; `counted`: the pin counts itself (else see
-    /// [`pin_swept`](Self::pin_swept)).
+    /// [`pin_key`](Self::pin_key)'s `swept`).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the pins' one shared body
     pub(crate) fn pin_checked(

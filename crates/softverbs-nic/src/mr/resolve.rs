@@ -176,8 +176,8 @@ impl Drop for Spans<'_> {
 
 /// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable. An
 /// SGE whose key is a non-contiguous layout becomes the spans of its pieces. `swept`: the
-/// caller is a reader [`KeyTable::pin_swept`] may leave uncounted (its regions' own pins;
-/// a layout's pieces are always counted).
+/// caller is a reader whose pins of its own regions [`KeyTable::pin_key`] may leave uncounted
+/// (`swept`; a layout's pieces are always counted).
 #[inline]
 pub(crate) fn pin_sges<'k>(
     keys: &'k KeyTable,
@@ -187,27 +187,12 @@ pub(crate) fn pin_sges<'k>(
     swept: bool,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Result<Spans<'k>, KeyError> {
-    // Inlined, as the key checks are (see `KeyTable::pin`): a closure here was not.
-    #[inline(always)]
-    fn pin<'k>(
-        keys: &'k KeyTable,
-        swept: bool,
-        pd: u32,
-        s: &Sge,
-        need: AccessFlags,
-    ) -> Result<Pin<'k>, KeyError> {
-        let n = u64::from(s.length);
-        match swept {
-            true => keys.pin_swept(s.lkey, pd, s.addr, n, need),
-            false => keys.pin(s.lkey, pd, s.addr, n, need),
-        }
-    }
     // Nearly every request: one SGE of an ordinary key, built in place.
     if let [s] = sges
         && s.length > 0
     {
         let n = u64::from(s.length);
-        match pin(keys, swept, pd, s, need) {
+        match keys.pin_key(s.lkey, pd, None, s.addr, n, need, swept) {
             Ok(pin) => {
                 let span = place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?;
                 return Ok(Spans {
@@ -225,7 +210,7 @@ pub(crate) fn pin_sges<'k>(
     let mut len = 0u64;
     for s in sges.iter().filter(|s| s.length > 0) {
         let n = u64::from(s.length);
-        match pin(keys, swept, pd, s, need) {
+        match keys.pin_key(s.lkey, pd, None, s.addr, n, need, swept) {
             Ok(pin) => {
                 spans.push(place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?);
                 pins.push(pin);

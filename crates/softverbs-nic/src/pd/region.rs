@@ -403,7 +403,7 @@ impl Mr {
             info.access,
             None,
         )?;
-        // No sweep of the senders (see `KeyTable::pin_swept`) for a container's keys: `old`
+        // No sweep of the senders (see `KeyTable::pin_key`) for a container's keys: `old`
         // carries a layout, so a request's own pin of it answers `Layout` and reads nothing
         // (the layout's pieces are counted pins), and `new` was never handed out. The sweep,
         // under this layout lock, could wait for a QP whose bind of this container waits for

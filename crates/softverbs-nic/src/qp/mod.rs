@@ -679,7 +679,7 @@ impl Drop for NumberGuard<'_> {
 
 impl crate::device::QpHandle for Qp {
     /// The send lock taken once: a requester's own regions' pins, taken under it, count
-    /// themselves nowhere (`KeyTable::pin_swept`). No deregistration happens under a send
+    /// themselves nowhere (`KeyTable::pin_key`). No deregistration happens under a send
     /// lock (work requests name keys, they hold no regions), so this never waits on the
     /// calling thread itself.
     fn quiesce_sends(&self, pd: u32) {

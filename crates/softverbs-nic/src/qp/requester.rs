@@ -121,7 +121,7 @@ impl Qp {
     }
 
     /// Checks and pins the local side of a work request. `_held`: the send lock is held, so
-    /// the region's own pins need not count themselves ([`KeyTable::pin_swept`]: the
+    /// the region's own pins need not count themselves ([`KeyTable::pin_key`]: the
     /// owner's deregistration takes this lock before the region goes).
     fn local<'a>(
         &'a self,
