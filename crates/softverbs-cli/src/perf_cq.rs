@@ -346,7 +346,7 @@ fn drain_cursor<const F: u64>(cq: &CompletionQueue, k: usize, batch: usize) -> (
         let mut n = 0;
         loop {
             s.count += 1;
-            s.failed += u64::from(c.status() != WcStatus::Success);
+            s.failed += u64::from(!c.is_ok());
             s.wr_id = s.wr_id.wrapping_add(c.wr_id());
             s.opcode += c.opcode() as u64;
             if has(F, fields::BYTE_LEN) {

@@ -372,6 +372,7 @@ fn rec_compact(rec: &[u8], cq_flags: u64) -> Rec {
 }
 
 fn rec_cursor(c: &Cursor<'_>) -> Rec {
+    assert_eq!(c.is_ok(), c.status() == WcStatus::Success);
     Rec {
         wr_id: c.wr_id(),
         status: c.status() as u32,

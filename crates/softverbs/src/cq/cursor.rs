@@ -98,6 +98,12 @@ impl Cursor<'_> {
         self.cqe().status()
     }
 
+    /// True when the status is `SUCCESS` (one compare, no conversion).
+    #[inline]
+    pub fn is_ok(&self) -> bool {
+        self.cqe().status == WcStatus::Success as u8
+    }
+
     /// `ibv_wc_read_opcode`.
     #[inline]
     pub fn opcode(&self) -> WcOpcode {
