@@ -13,6 +13,7 @@
 
 use crate::device_memory::segment::{Segment, ShmPlain};
 use crate::error::{Error, Result};
+use crate::mr::hazard::{self, HazardRecord, Lease, Published, RECORDS};
 use crate::mr::ordering::Placement;
 use crate::types::AccessFlags;
 use std::sync::Mutex;
@@ -27,8 +28,15 @@ const HEADER: usize = 64;
 const MAGIC: u32 = 0x4b45_5953; // "KEYS"
 /// 2: entries grew the layout fields (`layout_fd`, `layout_gen`, `layout_ino`); 4: the
 /// window fields (`kind`, `bound_qp`, `windows`, `window_of`); 6: two pin counts, each on a
-/// line of its own.
-const VERSION: u32 = 6;
+/// line of its own; 7: the hazard records after the entries ([`crate::mr::hazard`]).
+const VERSION: u32 = 7;
+/// Header word (byte offset): nonzero when the owner can fence leaseholders, so requesters
+/// may pin through hazard records.
+const HAZARDS_ALLOWED: usize = 32;
+/// Header word: records below this index may have been leased (it only grows).
+const HAZARD_MARK: usize = 36;
+/// Header word: records leased now.
+const HAZARD_LEASED: usize = 40;
 
 /// What an entry is: a memory region, or a memory window of type 1 or 2.
 pub(crate) const KIND_MR: u32 = 0;
@@ -244,6 +252,23 @@ pub struct Pin<'a> {
 const PIN_ON_DEMAND: u32 = 1;
 /// [`Pin::bits`]: counted nowhere (see [`KeyTable::pin_key`]); dropping it does nothing.
 const PIN_SWEPT: u32 = 2;
+/// [`Pin::bits`]: published in a hazard record's slot (`count`), which dropping clears.
+const PIN_HAZARD: u32 = 4;
+
+/// How a pin keeps its region's deregistration waiting until it is dropped.
+#[derive(Clone, Copy)]
+pub(crate) enum PinBy<'h> {
+    /// It counts itself in the key's entry.
+    Count,
+    /// A requester's pin of its own region under its send lock: counted nowhere in a table
+    /// of this process, which the deregistration's sweep covers (see
+    /// [`KeyTable::pin_key`]); counted in a table opened from another process.
+    Sweep,
+    /// A requester's pin of its peer's region: published in the requester's lease of the
+    /// peer's table (see [`crate::mr::hazard`]); counted if the lease is of another table
+    /// or all its slots are taken.
+    Hazard(&'h Lease<KeyTable>),
+}
 
 impl Pin<'_> {
     /// The process whose memory the region is.
@@ -317,7 +342,11 @@ impl Pin<'_> {
 impl Drop for Pin<'_> {
     #[inline]
     fn drop(&mut self) {
-        if self.bits & PIN_SWEPT != 0 {
+        if self.bits & (PIN_SWEPT | PIN_HAZARD) != 0 {
+            if self.bits & PIN_HAZARD != 0 {
+                // Release: the copy's stores are visible to a deregistration that sees 0.
+                self.count.store(0, Ordering::Release);
+            }
             return;
         }
         // Saturating: a deregistration that gave up waiting for a dead peer reset the count.
@@ -327,18 +356,46 @@ impl Drop for Pin<'_> {
     }
 }
 
+impl Published for KeyTable {
+    fn hazards_allowed(&self) -> bool {
+        self.seg
+            .at::<AtomicU32>(HAZARDS_ALLOWED)
+            .load(Ordering::Acquire)
+            != 0
+    }
+
+    fn hazard_mark(&self) -> &AtomicU32 {
+        self.seg.at(HAZARD_MARK)
+    }
+
+    fn hazard_leased(&self) -> &AtomicU32 {
+        self.seg.at(HAZARD_LEASED)
+    }
+
+    #[inline(always)]
+    fn hazard_records(&self) -> &[HazardRecord] {
+        self.seg.slice(records_at(self.capacity).0, RECORDS)
+    }
+}
+
+/// Where the hazard records of a table of `capacity` regions start, and where they end.
+fn records_at(capacity: u32) -> (usize, usize) {
+    let start = (HEADER + (capacity as usize + 1) * std::mem::size_of::<KeyEntry>())
+        .next_multiple_of(std::mem::align_of::<HazardRecord>());
+    (start, start + RECORDS * std::mem::size_of::<HazardRecord>())
+}
+
 impl KeyTable {
     /// A table for `capacity` regions.
     pub fn new(capacity: u32) -> Result<KeyTable> {
         let capacity = capacity.clamp(1, (1 << 24) - 1);
-        let seg = Segment::create(
-            "softverbs-keys",
-            HEADER + (capacity as usize + 1) * std::mem::size_of::<KeyEntry>(),
-        )?;
+        let seg = Segment::create("softverbs-keys", records_at(capacity).1)?;
         let header: &[AtomicU32] = seg.slice(0, 3);
         header[0].store(MAGIC, Ordering::Relaxed);
         header[1].store(VERSION, Ordering::Relaxed);
         header[2].store(capacity, Ordering::Relaxed);
+        seg.at::<AtomicU32>(HAZARDS_ALLOWED)
+            .store(u32::from(hazard::owner_can_fence()), Ordering::Relaxed);
         // Index 0 is never handed out, so no key is 0.
         let free = FreeSlots {
             next: 1,
@@ -364,10 +421,8 @@ impl KeyTable {
         }
         let header: &[AtomicU32] = seg.slice(0, 3);
         let capacity = header[2].load(Ordering::Acquire);
-        let fits = (capacity as usize + 1)
-            .checked_mul(std::mem::size_of::<KeyEntry>())
-            .and_then(|b| b.checked_add(HEADER))
-            .is_some_and(|end| end <= seg.len());
+        // Bounded first, so the layout's sums cannot overflow.
+        let fits = capacity < 1 << 24 && records_at(capacity).1 <= seg.len();
         if header[0].load(Ordering::Acquire) != MAGIC
             || header[1].load(Ordering::Acquire) != VERSION
             || !fits
@@ -466,6 +521,13 @@ impl KeyTable {
         self.capacity
     }
 
+    /// After `key` left VALID: waits until no hazard record holds it (see
+    /// [`crate::mr::hazard`]), until `deadline` for a holder that died.
+    pub(crate) fn await_hazards(&self, key: u32, deadline: std::time::Instant) {
+        let mark = self.hazard_mark().load(Ordering::SeqCst) as usize;
+        hazard::await_released(self.hazard_records(), mark, key, deadline);
+    }
+
     pub(crate) fn entry(&self, index: u32) -> Option<&KeyEntry> {
         if index == 0 || index > self.capacity {
             return None;
@@ -537,9 +599,9 @@ impl KeyTable {
     }
 
     /// Invalidates `key`, waiting for in-flight accesses through it to finish: those that
-    /// counted themselves, and, through `sweep` (called with the region's PD once it can no
-    /// longer be pinned, returning once each reader of [`pin_key`](Self::pin_key)'s `swept` in that
-    /// PD is past what it began), those that did not.
+    /// counted themselves, those published in hazard records, and, through `sweep` (called
+    /// with the region's PD once it can no longer be pinned, returning once each reader that
+    /// pinned with [`PinBy::Sweep`] in that PD is past what it began), those that did not.
     pub fn deregister(&self, key: u32, sweep: &dyn Fn(u32)) -> Result<()> {
         let e = self
             .entry(self.slot(key))
@@ -556,9 +618,11 @@ impl KeyTable {
         // Readers that did not count themselves are past their accesses once the sweep
         // returns: none passes the check now that the region is DYING.
         sweep(e.pd.load(Ordering::Relaxed));
-        // Pins are held only for the duration of one copy, so this wait is short; a peer
+        // Pins are held only for the duration of one copy, so these waits are short; a peer
         // process that died holding a pin must not hang us, hence the bound.
-        e.wait_unpinned(std::time::Instant::now() + std::time::Duration::from_secs(1));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        self.await_hazards(key, deadline);
+        e.wait_unpinned(deadline);
         // Binds pin the region while they count themselves, so the count is final now.
         // `ibv_dereg_mr` refuses a region with windows (`Mr::check_dereg`); a region dropped
         // regardless takes its windows down with it, never leaving them on freed memory.
@@ -607,7 +671,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        self.pin_key(key, pd, None, iova, len, need, false)
+        self.pin_key(key, pd, None, iova, len, need, PinBy::Count)
     }
 
     /// Like [`pin`](Self::pin) for an rkey a request brought to QP `qpn`: a region's key, or
@@ -622,7 +686,24 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        self.pin_key(key, pd, Some(qpn), iova, len, need, false)
+        self.pin_remote_by(key, pd, qpn, iova, len, need, PinBy::Count)
+    }
+
+    /// [`pin_remote`](Self::pin_remote) for a requester that says how it pins (see
+    /// [`PinBy`]).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // pin_remote's, and how
+    pub(crate) fn pin_remote_by(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        iova: u64,
+        len: u64,
+        need: AccessFlags,
+        by: PinBy<'_>,
+    ) -> Result<Pin<'_>, KeyError> {
+        self.pin_key(key, pd, Some(qpn), iova, len, need, by)
     }
 
     /// The responder's side of an RDMA FLUSH with global placement, for a request that
@@ -656,20 +737,20 @@ impl KeyTable {
             iova,
             len,
             AccessFlags::FLUSH_GLOBAL,
-            false,
+            PinBy::Count,
         )?;
         std::sync::atomic::fence(Ordering::SeqCst);
         Ok(())
     }
 
     /// The pins of [`pin`](Self::pin), [`pin_remote`](Self::pin_remote) (`remote_qp`) and
-    /// FLUSH. `swept`: the pin counts itself nowhere (no locked instruction to take it or let
-    /// it go), for a reader that [`deregister`](Self::deregister)'s `sweep` covers: a request
-    /// executing under the send lock of a QP of this table's device in PD `pd` (not of an
-    /// imported PD). `deregister` moves the region out of VALID, then the sweep takes every
-    /// such send lock once, so an access that passed the check ends before the region goes,
-    /// and one that starts after finds it gone. In a table opened from another process a pin
-    /// always counts.
+    /// FLUSH; `by` says how the pin holds deregistration off. [`PinBy::Sweep`]: the pin
+    /// counts itself nowhere (no locked instruction to take it or let it go), for a reader
+    /// that [`deregister`](Self::deregister)'s `sweep` covers: a request executing under the
+    /// send lock of a QP of this table's device in PD `pd` (not of an imported PD).
+    /// `deregister` moves the region out of VALID, then the sweep takes every such send lock
+    /// once, so an access that passed the check ends before the region goes, and one that
+    /// starts after finds it gone. In a table opened from another process such a pin counts.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the pins' shared body, as `pin_checked`
     pub(crate) fn pin_key(
@@ -680,10 +761,9 @@ impl KeyTable {
         iova: u64,
         len: u64,
         need: AccessFlags,
-        swept: bool,
+        by: PinBy<'_>,
     ) -> Result<Pin<'_>, KeyError> {
-        let counted = !(swept && self.owner);
-        let (pin, e) = self.pin_checked(key, pd, remote_qp, iova, len, need, counted)?;
+        let (pin, e) = self.pin_checked(key, pd, remote_qp, iova, len, need, by)?;
         // The one extra branch ordinary keys pay for layouts.
         if e.layout_gen.load(Ordering::Acquire) != 0 {
             return Err(KeyError::Layout);
@@ -702,7 +782,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<(Pin<'_>, LayoutRef), KeyError> {
-        let (pin, e) = self.pin_checked(key, pd, None, iova, len, need, true)?;
+        let (pin, e) = self.pin_checked(key, pd, None, iova, len, need, PinBy::Count)?;
         let generation = e.layout_gen.load(Ordering::Acquire);
         let fd = e.layout_fd.load(Ordering::Relaxed);
         if generation == 0 || fd == 0 {
@@ -730,8 +810,8 @@ impl KeyTable {
         }
     }
 
-    /// The checks of every pin; `counted`: the pin counts itself (else see
-    /// [`pin_key`](Self::pin_key)'s `swept`).
+    /// The checks of every pin; `by`: how it holds deregistration off (see
+    /// [`pin_key`](Self::pin_key)).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the pins' one shared body
     pub(crate) fn pin_checked(
@@ -742,21 +822,36 @@ impl KeyTable {
         iova: u64,
         len: u64,
         need: AccessFlags,
-        counted: bool,
+        by: PinBy<'_>,
     ) -> Result<(Pin<'_>, &KeyEntry), KeyError> {
         let e = self.find(key).ok_or(KeyError::Invalid)?;
-        let count = match self.owner {
+        let counter = match self.owner {
             true => &e.owner_pins.0,
             false => &e.peer_pins,
         };
-        if counted {
-            count.fetch_add(1, Ordering::SeqCst);
-        }
+        let counted = || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            (counter, 0)
+        };
+        let (count, bits) = match by {
+            PinBy::Sweep if self.owner => (counter, PIN_SWEPT),
+            PinBy::Hazard(lease) => match lease.free_slot(self) {
+                Some(slot) => {
+                    slot.store(key, Ordering::Relaxed);
+                    // Only the compiler is kept from moving the check above the store: the
+                    // processor's reordering is what the owner's barrier undoes.
+                    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+                    (slot, PIN_HAZARD)
+                }
+                None => counted(),
+            },
+            _ => counted(),
+        };
         let mut pin = Pin {
             entry: e,
             count,
             host: 0,
-            bits: if counted { 0 } else { PIN_SWEPT },
+            bits,
         };
         if e.state.load(Ordering::SeqCst) != VALID || e.key.load(Ordering::Relaxed) != key {
             return Err(KeyError::Invalid);
@@ -836,6 +931,7 @@ impl KeyTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn secret_keys_hide_the_slot_and_still_name_their_region() {
@@ -994,6 +1090,97 @@ mod tests {
                 .err(),
             Some(KeyError::Invalid)
         );
+    }
+
+    #[test]
+    fn a_hazard_pin_counts_nowhere_and_deregistration_waits_for_it() {
+        let t = KeyTable::new(4).unwrap();
+        let view = Arc::new(KeyTable::open(t.segment().reopen().unwrap()).unwrap());
+        assert!(view.hazards_allowed(), "this kernel offers membarrier");
+        let lease = Lease::take(&view).expect("a free record");
+        let acc = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let k = t.register(7, 0x1000, 100, 0x1000, acc, None).unwrap();
+        let e = t.entry(k >> 8).unwrap();
+        let by = PinBy::Hazard(&lease);
+        // Refused pins leave nothing behind.
+        assert!(view.pin_remote_by(k, 8, 3, 0x1000, 8, acc, by).is_err());
+        assert!(!hazard::holds(&lease, k));
+        let theirs = view.pin_remote_by(k, 7, 3, 0x1008, 8, acc, by).unwrap();
+        assert!(hazard::holds(&lease, k));
+        assert_eq!(
+            e.peer_pins.load(Ordering::Relaxed),
+            0,
+            "a hazard pin counted"
+        );
+        // A lease is of one table: in another the pin counts.
+        let other = KeyTable::new(4).unwrap();
+        let k2 = other.register(7, 0x1000, 100, 0x1000, acc, None).unwrap();
+        let counted = other.pin_remote_by(k2, 7, 3, 0x1000, 8, acc, by).unwrap();
+        assert_eq!(
+            other
+                .entry(k2 >> 8)
+                .unwrap()
+                .owner_pins
+                .0
+                .load(Ordering::Relaxed),
+            1
+        );
+        drop(counted);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let dereg = s.spawn(|| {
+                t.deregister(k, &|_| {}).unwrap();
+                done.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(
+                !done.load(Ordering::SeqCst),
+                "deregistered under a hazard pin"
+            );
+            assert_eq!(
+                view.pin_remote_by(k, 7, 3, 0x1000, 1, acc, by).err(),
+                Some(KeyError::Invalid)
+            );
+            drop(theirs);
+            dereg.join().unwrap();
+        });
+        assert!(!hazard::holds(&lease, k));
+        assert_eq!(
+            view.pin_remote_by(k, 7, 3, 0x1000, 1, acc, by).err(),
+            Some(KeyError::Invalid)
+        );
+    }
+
+    #[test]
+    fn hazard_records_run_out_and_come_back() {
+        let t = KeyTable::new(1).unwrap();
+        let view = Arc::new(KeyTable::open(t.segment().reopen().unwrap()).unwrap());
+        let mut leases: Vec<_> = (0..hazard::RECORDS)
+            .map(|_| Lease::take(&view).expect("a free record"))
+            .collect();
+        assert!(Lease::take(&view).is_none(), "more leases than records");
+        leases.pop();
+        assert!(
+            Lease::take(&view).is_some(),
+            "a returned record is leased again"
+        );
+        // A full record's pins count.
+        let acc = AccessFlags::REMOTE_WRITE;
+        let k = t.register(7, 0x1000, 100, 0x1000, acc, None).unwrap();
+        let by = PinBy::Hazard(&leases[0]);
+        let pins: Vec<_> = (0..9)
+            .map(|_| view.pin_remote_by(k, 7, 3, 0x1000, 8, acc, by).unwrap())
+            .collect();
+        assert_eq!(
+            t.entry(k >> 8).unwrap().peer_pins.load(Ordering::Relaxed),
+            1
+        );
+        drop(pins);
+        assert_eq!(
+            t.entry(k >> 8).unwrap().peer_pins.load(Ordering::Relaxed),
+            0
+        );
+        assert!(!hazard::holds(&leases[0], k));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Memory regions as the data path sees them: checked, pinned, and placed into.
 //!
 //! - [`keys`]: the key table, one entry per registered region, in a shared segment.
+//! - `hazard`: the records through which a requester pins a peer's regions with plain
+//!   stores, and the barrier a deregistration sends them.
 //! - `access`: the memory accessor, the one place the NIC reads or writes registered memory.
 //! - [`ordering`]: strict and relaxed placement, and the ordering check.
 //! - [`layout`]: non-contiguous layouts (seed 002), the pure engine: SG, interleaved, page
@@ -15,6 +17,7 @@
 
 pub(crate) mod access;
 pub(crate) mod container;
+pub(crate) mod hazard;
 pub mod keys;
 pub mod layout;
 pub mod ordering;

@@ -8,7 +8,7 @@
 //! are read from).
 
 use crate::mr::access::Span;
-use crate::mr::keys::{KeyError, KeyTable, Pin};
+use crate::mr::keys::{KeyError, KeyTable, Pin, PinBy};
 use crate::mr::layout::{LayoutCaps, PLAIN_KEY};
 use crate::mr::ordering::Placement;
 use crate::mr::store;
@@ -175,16 +175,15 @@ impl Drop for Spans<'_> {
 }
 
 /// Checks and pins `sges` in `keys`; `place` says where each pinned range is reachable. An
-/// SGE whose key is a non-contiguous layout becomes the spans of its pieces. `swept`: the
-/// caller is a reader whose pins of its own regions [`KeyTable::pin_key`] may leave uncounted
-/// (`swept`; a layout's pieces are always counted).
+/// SGE whose key is a non-contiguous layout becomes the spans of its pieces. `by`: how the
+/// pins hold deregistration off (see [`KeyTable::pin_key`]; a layout's pieces always count).
 #[inline]
 pub(crate) fn pin_sges<'k>(
     keys: &'k KeyTable,
     pd: u32,
     sges: &[Sge],
     need: AccessFlags,
-    swept: bool,
+    by: PinBy<'_>,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Result<Spans<'k>, KeyError> {
     // Nearly every request: one SGE of an ordinary key, built in place.
@@ -192,7 +191,7 @@ pub(crate) fn pin_sges<'k>(
         && s.length > 0
     {
         let n = u64::from(s.length);
-        match keys.pin_key(s.lkey, pd, None, s.addr, n, need, swept) {
+        match keys.pin_key(s.lkey, pd, None, s.addr, n, need, by) {
             Ok(pin) => {
                 let span = place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?;
                 return Ok(Spans {
@@ -210,7 +209,7 @@ pub(crate) fn pin_sges<'k>(
     let mut len = 0u64;
     for s in sges.iter().filter(|s| s.length > 0) {
         let n = u64::from(s.length);
-        match keys.pin_key(s.lkey, pd, None, s.addr, n, need, swept) {
+        match keys.pin_key(s.lkey, pd, None, s.addr, n, need, by) {
             Ok(pin) => {
                 spans.push(place(&pin, pin.host, s.length as usize).ok_or(KeyError::Invalid)?);
                 pins.push(pin);
@@ -236,8 +235,9 @@ pub(crate) fn pin_sges<'k>(
 
 /// Checks and pins `len` bytes of rkey `key` at `addr` in `keys` with `pd` and `need`, for
 /// a request that reached QP `qpn` (a region's key, or a window's); `place` says where
-/// pinned ranges are reachable. A layout key resolves to its pieces. `None` is an access
-/// error of the side that named the key.
+/// pinned ranges are reachable; `by`: how the pin holds deregistration off. A layout key
+/// resolves to its pieces (which count). `None` is an access error of the side that named
+/// the key.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pin_range<'k>(
@@ -248,9 +248,10 @@ pub(crate) fn pin_range<'k>(
     addr: u64,
     len: u64,
     need: AccessFlags,
+    by: PinBy<'_>,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Option<Pinned<'k>> {
-    match keys.pin_remote(key, pd, qpn, addr, len, need) {
+    match keys.pin_remote_by(key, pd, qpn, addr, len, need, by) {
         Ok(pin) => {
             let span = place(&pin, pin.host, len as usize)?;
             Some(Pinned::One(pin, span))

@@ -28,7 +28,9 @@
 //! waits for the pins of its old range to drain, as a deregistration does.
 
 use crate::error::{Error, Result};
-use crate::mr::keys::{CHANGING, FREE, KIND_MR, KIND_MW1, KIND_MW2, KeyEntry, KeyTable, VALID};
+use crate::mr::keys::{
+    CHANGING, FREE, KIND_MR, KIND_MW1, KIND_MW2, KeyEntry, KeyTable, PinBy, VALID,
+};
 use crate::types::AccessFlags;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -211,7 +213,7 @@ impl KeyTable {
                 b.addr,
                 b.length,
                 AccessFlags::MW_BIND,
-                true,
+                PinBy::Count,
             )
             .map_err(
                 |_| "the region is not a region of the QP's PD with MW_BIND covering the range",
@@ -318,7 +320,9 @@ impl KeyTable {
     /// Detaches a window (taken for a change) from its region: waits for the pins of its
     /// range to drain, uncounts it on the region, and leaves it reaching nothing.
     fn unbind(&self, e: &KeyEntry) {
-        e.wait_unpinned(Instant::now() + WAIT);
+        let deadline = Instant::now() + WAIT;
+        self.await_hazards(e.key.load(Ordering::Acquire), deadline);
+        e.wait_unpinned(deadline);
         let mr = e.window_of.swap(0, Ordering::SeqCst);
         if mr != 0
             && let Some(m) = self.entry(self.slot(mr)).filter(|m| {

@@ -13,6 +13,8 @@ use super::wr::{SendOp, SendWqe};
 use crate::device::Device;
 use crate::device_memory::segment::Segment;
 use crate::error::Result;
+use crate::mr::hazard::Lease;
+use crate::mr::keys::{KeyTable, PinBy};
 use crate::mr::resolve::Spans;
 use crate::pd::Ah;
 use crate::types::{AhAttr, Gid, QpState, QpType, WcOpcode, WcStatus};
@@ -40,6 +42,20 @@ pub(crate) struct Request<'a> {
     pub(crate) datagram: Option<Datagram<'a>>,
     /// The device that moves the bytes; its ordering observer sees scrambled placements.
     pub(crate) placer: &'a Device,
+    /// The requester's lease of a hazard record in its connected responder's key table:
+    /// pins of that table's keys are published there instead of counted.
+    pub(crate) hazard: Option<&'a Lease<KeyTable>>,
+}
+
+impl Request<'_> {
+    /// How the responder's pins for this request hold deregistration off.
+    #[inline(always)]
+    pub(crate) fn pin_by(&self) -> PinBy<'_> {
+        match self.hazard {
+            Some(lease) => PinBy::Hazard(lease),
+            None => PinBy::Count,
+        }
+    }
 }
 
 /// The headers of a UD message that its receiver checks and sees.
@@ -73,8 +89,29 @@ pub(crate) enum Response {
 /// remembers of its connection (the send lock is held meanwhile), so a request touches no
 /// reference count (two locked instructions of a 64-byte WRITE), or found for this request.
 pub(crate) enum Reached<'p, T> {
-    Lent(&'p T),
+    /// The remembered responder, with the requester's hazard lease in its key table. One
+    /// pointer to both: a wider `Reached`, built in memory and copied, stalled store
+    /// forwarding on every request.
+    Lent(&'p Leased<T>),
     Found(T),
+}
+
+/// A remembered responder and the requester's lease of a hazard record in its key table
+/// (see [`crate::mr::hazard`]), which goes back when the connection is forgotten.
+pub(crate) struct Leased<T> {
+    pub(crate) target: T,
+    pub(crate) lease: Option<Lease<KeyTable>>,
+}
+
+impl<T> Reached<'_, T> {
+    /// The requester's hazard lease in the responder's key table, if it holds one.
+    #[inline(always)]
+    pub(crate) fn hazard(&self) -> Option<&Lease<KeyTable>> {
+        match self {
+            Reached::Lent(l) => l.lease.as_ref(),
+            Reached::Found(_) => None,
+        }
+    }
 }
 
 impl<T> std::ops::Deref for Reached<'_, T> {
@@ -82,7 +119,7 @@ impl<T> std::ops::Deref for Reached<'_, T> {
     #[inline(always)]
     fn deref(&self) -> &T {
         match self {
-            Reached::Lent(t) => t,
+            Reached::Lent(l) => &l.target,
             Reached::Found(t) => t,
         }
     }

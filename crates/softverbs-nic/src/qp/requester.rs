@@ -13,6 +13,7 @@ use super::{Outcome, Qp, SendState};
 use crate::device::MAX_MSG_SIZE;
 use crate::device::multicast::MULTICAST_QPN;
 use crate::mr::access::{self, Span};
+use crate::mr::keys::PinBy;
 use crate::mr::resolve::{Spans, pin_sges};
 use crate::types::{AccessFlags, LinkLayer, QpType, SendFlags, WcStatus};
 
@@ -56,16 +57,19 @@ impl Qp {
         if self.qp_type == QpType::Ud {
             return self.execute_ud(st, w, &local);
         }
-        let Some(target) = target else {
+        // Borrowed, not moved: moving it out copied it through memory in one piece just
+        // after it was stored in two, a store-forwarding stall on every request.
+        let Some(target) = target.as_ref() else {
             return self.lost(local.len);
         };
         if !self.dev.port_active() {
             return self.lost(local.len);
         }
-        let req = self.request(w, &local, st.attr.ah_attr.sl, None);
+        let mut req = self.request(w, &local, st.attr.ah_attr.sl, None);
+        req.hazard = target.hazard();
         let response = match self.qp_type {
-            QpType::XrcSend => self.deliver_xrc(&target, &st.peer_dev, w.xrc_srqn, &req),
-            _ => self.deliver(&target, &req),
+            QpType::XrcSend => self.deliver_xrc(target, &st.peer_dev, w.xrc_srqn, &req),
+            _ => self.deliver(target, &req),
         };
         self.outcome(response, &local)
     }
@@ -140,7 +144,11 @@ impl Qp {
                 self.pd.id,
                 sges,
                 need,
-                self.import.is_none(),
+                if self.import.is_none() {
+                    PinBy::Sweep
+                } else {
+                    PinBy::Count
+                },
                 // Inlined, as the key checks are (see `KeyTable::pin`).
                 #[inline(always)]
                 |p, h, n| self.place_local(p, h, n),
@@ -173,6 +181,7 @@ impl Qp {
             slid,
             datagram,
             placer: &self.dev,
+            hazard: None,
         }
     }
 

@@ -220,17 +220,18 @@ fn no_receive<R: Responder>(target: &R, req: &Request<'_>) -> Response {
     }
 }
 
-/// Pins `len` bytes of the responder's region `rkey` at `addr` with `need`, placed where the
-/// executing process reaches them; `None` is a remote access error. A layout key resolves to
-/// its pieces. Always inlined, as [`KeyTable::pin`] is.
+/// Pins `len` bytes of the responder's region `rkey` at `addr` with `need` for `req`, placed
+/// where the executing process reaches them; `None` is a remote access error. A layout key
+/// resolves to its pieces. Always inlined, as [`KeyTable::pin`] is.
 #[inline(always)]
-fn remote_range<R: Responder>(
-    target: &R,
+fn remote_range<'t, R: Responder>(
+    target: &'t R,
+    req: &Request<'_>,
     rkey: u32,
     addr: u64,
     len: u64,
     need: AccessFlags,
-) -> Option<Pinned<'_>> {
+) -> Option<Pinned<'t>> {
     pin_range(
         target.keys(),
         target.pd_id(),
@@ -239,6 +240,7 @@ fn remote_range<R: Responder>(
         addr,
         len,
         need,
+        req.pin_by(),
         #[inline(always)]
         |p, h, n| target.place(p, h, n),
     )
@@ -271,7 +273,14 @@ fn write<R: Responder>(
     }
     // A zero-length WRITE checks no key (IBA 9.4.4).
     let remote = if len > 0 {
-        match remote_range(target, rkey, remote_addr, len, AccessFlags::REMOTE_WRITE) {
+        match remote_range(
+            target,
+            req,
+            rkey,
+            remote_addr,
+            len,
+            AccessFlags::REMOTE_WRITE,
+        ) {
             Some(r) => Some(r),
             None => return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR),
         }
@@ -321,8 +330,14 @@ fn read<R: Responder>(
         return error(target, req, WcStatus::RemInvReqErr, REQ_ERR);
     }
     if len > 0 {
-        let Some(src) = remote_range(target, rkey, remote_addr, len, AccessFlags::REMOTE_READ)
-        else {
+        let Some(src) = remote_range(
+            target,
+            req,
+            rkey,
+            remote_addr,
+            len,
+            AccessFlags::REMOTE_READ,
+        ) else {
             return error(target, req, WcStatus::RemAccessErr, ACCESS_ERR);
         };
         // SAFETY: the source is pinned in the responder's registration with REMOTE_READ; the
@@ -423,7 +438,7 @@ fn word<'t, R: Responder>(
     if !access.contains(need) {
         return Err(error(target, req, WcStatus::RemInvReqErr, REQ_ERR));
     }
-    let Some(remote) = remote_range(target, rkey, remote_addr, 8, need) else {
+    let Some(remote) = remote_range(target, req, rkey, remote_addr, 8, need) else {
         return Err(error(target, req, WcStatus::RemAccessErr, ACCESS_ERR));
     };
     let w = match remote.spans() {
@@ -492,7 +507,7 @@ fn deliver_send<R: Responder>(
         target.recv_pd(),
         &r.sges,
         AccessFlags::LOCAL_WRITE,
-        false,
+        req.pin_by(),
         #[inline(always)]
         |p, h, n| target.place(p, h, n),
     ) {

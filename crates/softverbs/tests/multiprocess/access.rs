@@ -201,3 +201,83 @@ fn responder_qp_in_the_target_process_goes_to_err_with_an_access_event_and_flush
     );
     t.finish();
 }
+
+// Streams 64-byte WRITEs of a nonzero pattern into the parent's region, one in eight
+// signaled, until one fails; reports how many signaled batches succeeded and the status of
+// the first failure.
+peer!(peer_writer_until_refused, |p| {
+    let n = node();
+    let m = p.expect("target");
+    let (tep, mem): (Endpoint, RemoteMr) = (m.get(0), m.get(1));
+    let qp = n.qp(QpType::Rc);
+    qp.connect(&tep, 0, ALL_REMOTE).unwrap();
+    p.send(msg!("initiator", qp.endpoint(0).unwrap()));
+    p.expect("ready");
+    let src = n.mr(64);
+    src.fill(0xc3);
+    let s = [src.sge(0..64)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: mem.iova,
+        rkey: mem.rkey,
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut ok, mut failed) = (0u64, None);
+    let mut wcs = [WorkCompletion::default(); 8];
+    while failed.is_none() && Instant::now() < deadline {
+        let wrs: Vec<_> = (0..8)
+            .map(|i| {
+                let wr = SendWr::new(i, write, &s);
+                if i == 7 { signaled(wr) } else { wr }
+            })
+            .collect();
+        qp.post_send(wrs).unwrap();
+        for wc in poll_n(&n.cq, 1, "writer: a signaled WRITE") {
+            match wc.status() {
+                WcStatus::Success => ok += 8,
+                st => failed = Some(st),
+            }
+        }
+        // Flushed ones, if any, after the failure.
+        while n.cq.poll(&mut wcs) > 0 {}
+    }
+    p.send(msg!("stopped", ok, format!("{failed:?}")));
+});
+
+/// A region another process is writing into is deregistered: from the moment `ibv_dereg_mr`
+/// returns, no byte of it changes, and the writer's next WRITE fails with REM_ACCESS_ERR.
+/// (The writer pins the parent's key through its hazard record, see `mr::hazard`: the
+/// deregistration must wait out the copy in flight.)
+#[test]
+fn a_region_deregistered_under_another_process_writes_is_never_written_after() {
+    let n = node();
+    let qp = n.qp(QpType::Rc);
+    let mut buf = vec![0u8; 4096];
+    let mr = n.pd.reg_mr(&mut buf, ALL_REMOTE).unwrap();
+    let mut w = Peer::spawn("access::peer_writer_until_refused");
+    w.send(msg!("target", qp.endpoint(0).unwrap(), RemoteMr::of(&mr)));
+    let them: Endpoint = w.expect("initiator").get(0);
+    qp.to_init(ALL_REMOTE).unwrap();
+    qp.to_rtr(&them).unwrap();
+    qp.to_rts(0).unwrap();
+    w.send("ready");
+    // Writes are landing.
+    assert!(
+        spin_until(Duration::from_secs(10), || mr.to_vec()[..64] == [0xc3; 64]),
+        "the writer's WRITEs never arrived"
+    );
+    drop(mr);
+    let after = buf.clone();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        compare(&buf, &after),
+        "ok",
+        "bytes written after deregistration"
+    );
+    let m = w.expect("stopped");
+    assert_eq!(
+        m.get::<String>(1),
+        "Some(RemAccessErr)",
+        "the writer's first failure"
+    );
+    w.finish();
+}

@@ -19,11 +19,12 @@ use super::Transport;
 use crate::cq::Cqe;
 use crate::device::{Device, multicast};
 use crate::mr::access::Span;
+use crate::mr::hazard::Lease;
 use crate::mr::keys::{KeyTable, Pin};
 use crate::pd::Ah;
 use crate::qp::Qp;
 use crate::qp::context::{QpCtx, XrcRole};
-use crate::qp::request::{Reached, Request, Response};
+use crate::qp::request::{Leased, Reached, Request, Response};
 use crate::qp::responder::{Responder, invalid_request, respond};
 use crate::qp::rq::RecvWqe;
 use crate::types::{AccessFlags, AhAttr, AsyncEventType, Gid, QpType};
@@ -58,10 +59,12 @@ impl Target {
 
 /// What a requester remembers of its connected responder. A QP of this process is held
 /// weakly: a requester does not keep its responder alive. Another process's is kept as the
-/// target it is (always [`Target::Remote`]), lent to each request.
+/// target it is (always [`Target::Remote`]), lent to each request, with the requester's
+/// lease of a hazard record in that process's key table (its pins of the peer's keys are
+/// published there, see [`crate::mr::hazard`]); the lease goes back with the connection.
 pub(crate) enum CachedPeer {
     Local(Weak<Qp>),
-    Remote(Target),
+    Remote(Leased<Target>),
 }
 
 /// Finds QP `qpn` of `dev`: here, or in another process on this host.
@@ -89,12 +92,18 @@ impl Transport for SameHost {
         if peer.is_none() {
             *peer = Some(match find_target(&*dev.upgrade()?, qpn)? {
                 Target::Local(q) => CachedPeer::Local(Arc::downgrade(&q)),
-                remote => CachedPeer::Remote(remote),
+                Target::Remote(r) => {
+                    let lease = Lease::take(r.key_table());
+                    CachedPeer::Remote(Leased {
+                        target: Target::Remote(r),
+                        lease,
+                    })
+                }
             });
         }
         match peer.as_ref()? {
             CachedPeer::Local(w) => Some(Reached::Found(Target::Local(w.upgrade()?))),
-            CachedPeer::Remote(t) => Some(Reached::Lent(t)),
+            CachedPeer::Remote(l) => Some(Reached::Lent(l)),
         }
     }
 
@@ -104,7 +113,11 @@ impl Transport for SameHost {
         // lending replaced fetched the first one early, and without that 65,536 QPs
         // round-robin ran 20% slower. Warmed as the send lock is taken, the fetch overlaps
         // the checks of the request and of its local side.
-        if let CachedPeer::Remote(Target::Remote(r)) = peer {
+        if let CachedPeer::Remote(Leased {
+            target: Target::Remote(r),
+            ..
+        }) = peer
+        {
             r.prefetch();
         }
     }

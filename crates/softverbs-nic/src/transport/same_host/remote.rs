@@ -90,6 +90,11 @@ pub(crate) struct RemoteQp {
 }
 
 impl RemoteQp {
+    /// The owner's key table, as this process maps it (shared by the owner's QPs).
+    pub(super) fn key_table(&self) -> &Arc<KeyTable> {
+        &self.keys
+    }
+
     /// Finds and maps QP `qpn` of the device with `gid`, if another process on this host
     /// has it.
     pub(crate) fn open(gid: Gid, qpn: u32, clock: crate::clock::Clock) -> Option<Arc<RemoteQp>> {

@@ -8,6 +8,7 @@
 //! responder checks it, so a packet with a guessed or stale key moves nothing.
 
 use crate::mr::access::{self, AtomicOp as NicAtomic, Span};
+use crate::mr::keys::PinBy;
 use crate::mr::resolve::{Few, pin_range, pin_sges};
 use crate::qp::context::XrcRole;
 use crate::qp::responder::Responder;
@@ -119,6 +120,7 @@ impl HostMemory {
             va,
             8,
             need,
+            PinBy::Count,
             |p, h, n| q.place(p, h, n),
         )
         .ok_or(MemError::NoRights)?;
@@ -164,6 +166,7 @@ impl Memory for HostMemory {
             va,
             len,
             need(access),
+            PinBy::Count,
             |p, h, n| q.place(p, h, n),
         )
         .map(|_| ())
@@ -183,6 +186,7 @@ impl Memory for HostMemory {
             va,
             data.len() as u64,
             AccessFlags::REMOTE_WRITE,
+            PinBy::Count,
             |p, h, n| q.place(p, h, n),
         )
         .ok_or(MemError::NoRights)?;
@@ -202,6 +206,7 @@ impl Memory for HostMemory {
             va,
             out.len() as u64,
             AccessFlags::REMOTE_READ,
+            PinBy::Count,
             |p, h, n| q.place(p, h, n),
         )
         .ok_or(MemError::NoRights)?;
@@ -246,7 +251,7 @@ impl Memory for HostMemory {
                 q.pd_id(),
                 sges,
                 AccessFlags::empty(),
-                false,
+                PinBy::Count,
                 |p, h, n| q.place(p, h, n),
             )
         })
@@ -266,7 +271,7 @@ impl Memory for HostMemory {
                 q.recv_pd(),
                 sges,
                 AccessFlags::LOCAL_WRITE,
-                false,
+                PinBy::Count,
                 |p, h, n| q.place(p, h, n),
             )
         })
