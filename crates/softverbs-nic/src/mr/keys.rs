@@ -686,24 +686,7 @@ impl KeyTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<Pin<'_>, KeyError> {
-        self.pin_remote_by(key, pd, qpn, iova, len, need, PinBy::Count)
-    }
-
-    /// [`pin_remote`](Self::pin_remote) for a requester that says how it pins (see
-    /// [`PinBy`]).
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)] // pin_remote's, and how
-    pub(crate) fn pin_remote_by(
-        &self,
-        key: u32,
-        pd: u32,
-        qpn: u32,
-        iova: u64,
-        len: u64,
-        need: AccessFlags,
-        by: PinBy<'_>,
-    ) -> Result<Pin<'_>, KeyError> {
-        self.pin_key(key, pd, Some(qpn), iova, len, need, by)
+        self.pin_key(key, pd, Some(qpn), iova, len, need, PinBy::Count)
     }
 
     /// The responder's side of an RDMA FLUSH with global placement, for a request that
@@ -1044,6 +1027,29 @@ mod tests {
         assert_eq!(std::mem::size_of::<KeyEntry>(), 192);
     }
 
+    /// Deregisters `k` of `t` on another thread while `pin` is held: it must not return
+    /// before `pin` is dropped, and meanwhile a new pin (`pin_again`) must fail.
+    fn deregistration_waits_for(
+        t: &KeyTable,
+        k: u32,
+        pin: Pin<'_>,
+        what: &str,
+        pin_again: impl Fn() -> Option<KeyError>,
+    ) {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let dereg = s.spawn(|| {
+                t.deregister(k, &|_| {}).unwrap();
+                done.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(!done.load(Ordering::SeqCst), "deregistered under {what}");
+            assert_eq!(pin_again(), Some(KeyError::Invalid), "pinned while dying");
+            drop(pin);
+            dereg.join().unwrap();
+        });
+    }
+
     #[test]
     fn the_owner_and_a_view_pin_in_their_own_counts_and_deregistration_waits_for_both() {
         let t = KeyTable::new(4).unwrap();
@@ -1065,24 +1071,8 @@ mod tests {
         assert_eq!(counts(e), (1, 1));
         drop(mine);
         assert_eq!(counts(e), (0, 1));
-        let done = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let dereg = s.spawn(|| {
-                t.deregister(k, &|_| {}).unwrap();
-                done.store(true, Ordering::SeqCst);
-            });
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            assert!(
-                !done.load(Ordering::SeqCst),
-                "deregistered under a view's pin"
-            );
-            // No new pin gets in while it waits.
-            assert_eq!(
-                t.pin(k, 7, 0x1000, 1, AccessFlags::empty()).err(),
-                Some(KeyError::Invalid)
-            );
-            drop(theirs);
-            dereg.join().unwrap();
+        deregistration_waits_for(&t, k, theirs, "a view's pin", || {
+            t.pin(k, 7, 0x1000, 1, AccessFlags::empty()).err()
         });
         assert_eq!(counts(e), (0, 0));
         assert_eq!(
@@ -1103,9 +1093,9 @@ mod tests {
         let e = t.entry(k >> 8).unwrap();
         let by = PinBy::Hazard(&lease);
         // Refused pins leave nothing behind.
-        assert!(view.pin_remote_by(k, 8, 3, 0x1000, 8, acc, by).is_err());
+        assert!(view.pin_key(k, 8, Some(3), 0x1000, 8, acc, by).is_err());
         assert!(!hazard::holds(&lease, k));
-        let theirs = view.pin_remote_by(k, 7, 3, 0x1008, 8, acc, by).unwrap();
+        let theirs = view.pin_key(k, 7, Some(3), 0x1008, 8, acc, by).unwrap();
         assert!(hazard::holds(&lease, k));
         assert_eq!(
             e.peer_pins.load(Ordering::Relaxed),
@@ -1115,7 +1105,7 @@ mod tests {
         // A lease is of one table: in another the pin counts.
         let other = KeyTable::new(4).unwrap();
         let k2 = other.register(7, 0x1000, 100, 0x1000, acc, None).unwrap();
-        let counted = other.pin_remote_by(k2, 7, 3, 0x1000, 8, acc, by).unwrap();
+        let counted = other.pin_key(k2, 7, Some(3), 0x1000, 8, acc, by).unwrap();
         assert_eq!(
             other
                 .entry(k2 >> 8)
@@ -1126,27 +1116,12 @@ mod tests {
             1
         );
         drop(counted);
-        let done = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let dereg = s.spawn(|| {
-                t.deregister(k, &|_| {}).unwrap();
-                done.store(true, Ordering::SeqCst);
-            });
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            assert!(
-                !done.load(Ordering::SeqCst),
-                "deregistered under a hazard pin"
-            );
-            assert_eq!(
-                view.pin_remote_by(k, 7, 3, 0x1000, 1, acc, by).err(),
-                Some(KeyError::Invalid)
-            );
-            drop(theirs);
-            dereg.join().unwrap();
+        deregistration_waits_for(&t, k, theirs, "a hazard pin", || {
+            view.pin_key(k, 7, Some(3), 0x1000, 1, acc, by).err()
         });
         assert!(!hazard::holds(&lease, k));
         assert_eq!(
-            view.pin_remote_by(k, 7, 3, 0x1000, 1, acc, by).err(),
+            view.pin_key(k, 7, Some(3), 0x1000, 1, acc, by).err(),
             Some(KeyError::Invalid)
         );
     }
@@ -1169,7 +1144,7 @@ mod tests {
         let k = t.register(7, 0x1000, 100, 0x1000, acc, None).unwrap();
         let by = PinBy::Hazard(&leases[0]);
         let pins: Vec<_> = (0..9)
-            .map(|_| view.pin_remote_by(k, 7, 3, 0x1000, 8, acc, by).unwrap())
+            .map(|_| view.pin_key(k, 7, Some(3), 0x1000, 8, acc, by).unwrap())
             .collect();
         assert_eq!(
             t.entry(k >> 8).unwrap().peer_pins.load(Ordering::Relaxed),

@@ -251,7 +251,7 @@ pub(crate) fn pin_range<'k>(
     by: PinBy<'_>,
     place: impl Fn(&Pin<'_>, usize, usize) -> Option<Span>,
 ) -> Option<Pinned<'k>> {
-    match keys.pin_remote_by(key, pd, qpn, addr, len, need, by) {
+    match keys.pin_key(key, pd, Some(qpn), addr, len, need, by) {
         Ok(pin) => {
             let span = place(&pin, pin.host, len as usize)?;
             Some(Pinned::One(pin, span))
