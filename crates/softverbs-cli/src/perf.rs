@@ -282,8 +282,8 @@ pub(crate) enum Msg {
     /// A → B: the bandwidth writes are done: check your buffer (or, after passive tests:
     /// they are over).
     Check,
-    /// A → B: consume `messages` descriptors of the raw shared-memory ring.
-    RawRing { messages: u64 },
+    /// A → B: consume `messages` descriptors of the raw shared-memory ring of run `run`.
+    RawRing { messages: u64, run: usize },
     /// A → B: make `ep.qps` QPs for `per_qp` round-robin WRITEs each and connect them to
     /// A's (whose numbers follow in `qpns` messages); answered by `fan_endpoint`.
     Fan {
@@ -495,12 +495,16 @@ impl Drop for Watchdog {
 
 /// Bytes of the shared file: the cache-line page, then the raw ring's words.
 fn shared_len() -> usize {
-    (rustix::param::page_size() + crate::perf_rate::RING_WORDS * 8)
-        .next_multiple_of(rustix::param::page_size())
+    rustix::param::page_size() + crate::perf_rate::RAW_RING_RUNS * ring_area()
+}
+
+/// Bytes of each run's raw ring: whole pages, so that each run's ring lies in pages of its own.
+fn ring_area() -> usize {
+    (crate::perf_rate::RING_WORDS * 8).next_multiple_of(rustix::param::page_size())
 }
 
 /// A shared mapping of a file (a memfd) that both processes map: the cache-line baseline's
-/// page, and the raw ring's memory after it.
+/// page, and after it the raw ring's memory for each of its runs.
 struct SharedPage {
     ptr: NonNull<u8>,
     len: usize,
@@ -539,15 +543,17 @@ impl SharedPage {
         unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().cast::<u64>()) }
     }
 
-    /// The raw ring's words, after the first page.
-    fn ring_words(&self) -> &[AtomicU64] {
-        let page = rustix::param::page_size();
-        // SAFETY: the words lie inside the mapping (`shared_len` holds the page and
-        // RING_WORDS words), start page-aligned, live as long as `&self`, and are only ever
-        // accessed atomically, in either process; all-zero is a valid `AtomicU64`.
+    /// The raw ring's words for run `run` (clamped to the last), after the first page.
+    fn ring_words(&self, run: usize) -> &[AtomicU64] {
+        let run = run.min(crate::perf_rate::RAW_RING_RUNS - 1);
+        let at = rustix::param::page_size() + run * ring_area();
+        // SAFETY: the words lie inside the mapping (`shared_len` holds the page and one
+        // `ring_area` of at least RING_WORDS words per run; `run` is clamped), start
+        // page-aligned, live as long as `&self`, and are only ever accessed atomically, in
+        // either process; all-zero is a valid `AtomicU64`.
         unsafe {
             std::slice::from_raw_parts(
-                self.ptr.as_ptr().add(page).cast::<AtomicU64>(),
+                self.ptr.as_ptr().add(at).cast::<AtomicU64>(),
                 crate::perf_rate::RING_WORDS,
             )
         }
@@ -1839,17 +1845,27 @@ fn measure_rates(
     let mut rates = Rates::default();
 
     watchdog.phase(guard, "raw ring");
-    let words = page.ring_words();
-    for w in words {
-        w.store(0, Ordering::Relaxed);
+    // The best of several runs, each through pages of its own. One ring's figure is a
+    // property of its pages: ten runs of `perf` in a row read 19 to 61 M msg/s (the RDMA
+    // WRITE rate beside it 22.6 to 25.2), and five runs of one ring in one process agreed
+    // within 15% (13-16 in a slow process, 49-60 in a fast one). On a VM the lines of a page
+    // move between cores through the page's home in the host, near or far: the ring's figure
+    // then said more about where its pages fell than about the path.
+    let mut best = f64::INFINITY;
+    for run in 0..crate::perf_rate::RAW_RING_RUNS {
+        let words = page.ring_words(run);
+        for w in words {
+            w.store(0, Ordering::Relaxed);
+        }
+        send(link, &Msg::RawRing { messages, run })?;
+        expect(link, "ready", |m| (m == Msg::Ready).then_some(m))?;
+        let what = || "raw ring: the peer process stopped consuming".to_string();
+        let wait = |done: &dyn Fn() -> bool| guard.until(&what, done);
+        let seconds = crate::perf_rate::raw_ring_producer(words, messages, &wait)?;
+        expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
+        best = best.min(seconds);
     }
-    send(link, &Msg::RawRing { messages })?;
-    expect(link, "ready", |m| (m == Msg::Ready).then_some(m))?;
-    let what = || "raw ring: the peer process stopped consuming".to_string();
-    let wait = |done: &dyn Fn() -> bool| guard.until(&what, done);
-    let seconds = crate::perf_rate::raw_ring_producer(words, messages, &wait)?;
-    expect(link, "done", |m| (m == Msg::Done).then_some(m))?;
-    rates.raw_ring_msgs_per_sec = messages as f64 / seconds.max(1e-9);
+    rates.raw_ring_msgs_per_sec = messages as f64 / best.max(1e-9);
     let figure = |op, qps: usize, seconds: f64, raw: f64| {
         let total = messages * qps as u64;
         let msgs_per_sec = total as f64 / seconds.max(1e-9);
@@ -2370,11 +2386,11 @@ fn serve(link: &mut TcpLink, device: &Device, page: &SharedPage, guard: &Guard) 
                 send_qpns(link, &fan.qpns())?;
                 held_fan = Some(fan);
             }
-            Msg::RawRing { messages } => {
+            Msg::RawRing { messages, run } => {
                 send(link, &Msg::Ready)?;
                 let what = || "raw ring: the peer process stopped producing".to_string();
                 let wait = |done: &dyn Fn() -> bool| guard.until(&what, done);
-                crate::perf_rate::raw_ring_consumer(page.ring_words(), messages, &wait)?;
+                crate::perf_rate::raw_ring_consumer(page.ring_words(run), messages, &wait)?;
                 send(link, &Msg::Done)?;
             }
             Msg::Quit => return Ok(()),
