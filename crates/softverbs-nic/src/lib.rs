@@ -8,7 +8,8 @@
 //! Module map, lowest layer first; a module imports only from the layers before it, and
 //! nothing but `transport` knows a transport:
 //! - [`types`], [`error`], [`config`], [`clock`]: verbs vocabulary, errors, device
-//!   configuration, the device clock.
+//!   configuration, the device clock; `sync`: a thread's identity and the memory barriers
+//!   the kernel sends to other threads (`membarrier(2)`), for the lock-free protocols.
 //! - [`device_memory`]: shared `memfd` segments, the lock-free slot ring every queue is built
 //!   on, doorbells, and descriptors handed to other processes.
 //! - [`mr`]: memory regions on the data path: the key table, the memory accessor (the one
@@ -39,6 +40,7 @@ pub mod mr;
 pub mod pd;
 pub mod qp;
 pub mod random;
+pub(crate) mod sync;
 pub(crate) mod transport;
 pub mod types;
 

@@ -15,6 +15,7 @@ use crate::device_memory::export::Export;
 use crate::device_memory::ring::{InPlace, Ring, SlotPayload};
 use crate::device_memory::segment::Segment;
 use crate::error::{Error, Result, inval};
+use crate::sync::thread_token;
 use crate::types::{AsyncEventType, WcExFlags, WcFlags, WcOpcode, WcStatus};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError, Weak};
@@ -852,15 +853,6 @@ impl Drop for Cursor<'_> {
     }
 }
 
-/// A number that tells this thread from every other live thread (the address of a
-/// thread-local), never 0.
-#[inline(always)]
-fn thread_token() -> usize {
-    thread_local! {
-        static TOKEN: u8 = const { 0 };
-    }
-    TOKEN.with(|t| std::ptr::from_ref(t) as usize)
-}
 
 impl Cursor<'_> {
     /// The completion held.

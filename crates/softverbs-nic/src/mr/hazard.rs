@@ -24,7 +24,7 @@
 //! missing, pins count themselves as before.
 
 use crate::device_memory::segment::ShmPlain;
-use rustix::thread::{MembarrierCommand, MembarrierQuery, membarrier, membarrier_query};
+use crate::sync::{self, Reach};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
@@ -66,24 +66,7 @@ pub(crate) trait Published {
 
 /// The table's owner can make every leaseholder's threads fence: it may let requesters lease.
 pub(crate) fn owner_can_fence() -> bool {
-    let q = membarrier_query();
-    q.contains(MembarrierQuery::GLOBAL_EXPEDITED)
-        && q.contains(MembarrierQuery::REGISTER_GLOBAL_EXPEDITED)
-}
-
-/// This process is registered for the owners' barriers (false if the kernel refuses). Once
-/// per process: a child made by `fork` starts unregistered, so the process id is kept.
-fn registered() -> bool {
-    static REGISTERED: AtomicU32 = AtomicU32::new(0);
-    let me = std::process::id();
-    if REGISTERED.load(Ordering::Acquire) == me {
-        return true;
-    }
-    let ok = membarrier(MembarrierCommand::RegisterGlobalExpedited).is_ok();
-    if ok {
-        REGISTERED.store(me, Ordering::Release);
-    }
-    ok
+    sync::offered(Reach::Host)
 }
 
 /// A record of a peer's key table held by one requester QP, given back when dropped (the QP
@@ -103,7 +86,7 @@ impl<T: Published> Lease<T> {
         // this many (thousands of QPs connect to one peer's table, each in its first request).
         const RECLAIM_EVERY: u32 = 1024;
         static FULL: AtomicU32 = AtomicU32::new(0);
-        if !table.hazards_allowed() || !registered() {
+        if !table.hazards_allowed() || !sync::registered(Reach::Host) {
             return None;
         }
         let full = table.hazard_leased().load(Ordering::Relaxed) as usize >= RECORDS;
@@ -161,7 +144,7 @@ impl<T: Published> Lease<T> {
                 return None;
             }
             if known.0 != pid {
-                known = (pid, process_alive(pid));
+                known = (pid, sync::process_exists(pid));
             }
             (!known.1).then(|| claim(i, held)).flatten()
         })
@@ -193,16 +176,6 @@ impl<T: Published> Drop for Lease<T> {
     }
 }
 
-fn process_alive(pid: u32) -> bool {
-    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
-        return false;
-    };
-    !matches!(
-        rustix::process::test_kill_process(p),
-        Err(rustix::io::Errno::SRCH)
-    )
-}
-
 /// The owner's half: after `key` left VALID, waits (until `deadline`, for a holder that
 /// died) until no record of `records[..mark]` holds it.
 pub(crate) fn await_released(records: &[HazardRecord], mark: usize, key: u32, deadline: Instant) {
@@ -210,11 +183,8 @@ pub(crate) fn await_released(records: &[HazardRecord], mark: usize, key: u32, de
         return;
     }
     // Every leaseholder's thread fences now: a slot stored before is visible below, a key
-    // checked after finds the key no longer VALID. A kernel that took the registration but
-    // refuses the expedited barrier still has the slow one.
-    if membarrier(MembarrierCommand::GlobalExpedited).is_err() {
-        let _ = membarrier(MembarrierCommand::Global);
-    }
+    // checked after finds the key no longer VALID.
+    sync::barrier(Reach::Host);
     for rec in &records[..mark.min(records.len())] {
         for slot in &rec.keys {
             // Acquire: the copy that preceded the clearing store is visible after.

@@ -223,8 +223,8 @@ impl Owner {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            let pid = rustix::process::Pid::from_raw(self.pid as i32);
-            let alive = pid.is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+            // A zombie has no descriptors left to look at.
+            let alive = crate::sync::process_exists(self.pid)
                 && std::fs::metadata(format!("/proc/{}/fd", self.pid)).is_ok();
             if !alive {
                 self.dead.store(true, Ordering::Relaxed);

@@ -16,7 +16,7 @@
 use super::gsi::MAD_LEN;
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fd::OwnedFd;
-use rustix::process::{Pid, PidfdFlags, pidfd_open, test_kill_process};
+use rustix::process::{Pid, PidfdFlags, pidfd_open};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -66,11 +66,7 @@ fn alive(pid: u32, pidfd: Option<&OwnedFd>) -> bool {
             Err(_) => true,
         };
     }
-    let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
-        return false;
-    };
-    // EPERM means it exists (someone else's); only ESRCH says it is gone.
-    !matches!(test_kill_process(p), Err(rustix::io::Errno::SRCH))
+    crate::sync::process_exists(pid)
 }
 
 /// What happened to a lease offered to the table.
