@@ -357,7 +357,7 @@ impl Qp {
 
     /// `ibv_query_qp`: the current attributes.
     pub fn query(&self) -> QpAttr {
-        let st = self.send.lock();
+        let st = self.send.lock_aside();
         let mut a = st.attr.clone();
         a.qp_state = self.state();
         a.cur_qp_state = a.qp_state;
@@ -371,7 +371,7 @@ impl Qp {
 
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: M) -> Result<()> {
-        let mut st = self.send.lock();
+        let mut st = self.send.lock_aside();
         let cur = self.state();
         if mask.contains(M::CUR_STATE) && attr.cur_qp_state != cur {
             return Err(inval(format!(
@@ -572,7 +572,7 @@ impl Qp {
     /// The transport that executes this QP's requests is gone (its host engine died): the QP
     /// goes to ERR, and everything it had handed over or posted completes with a flush.
     pub(crate) fn offload_lost(&self) {
-        let mut st = self.send.lock();
+        let mut st = self.send.lock_aside();
         if !self.ctx().move_to_err() {
             return;
         }
@@ -648,7 +648,7 @@ impl Timer for Qp {
     /// A timer of this QP expired: an RNR or ACK wait ended, or a responder error wants the
     /// QP flushed.
     fn on_timer(&self) {
-        let mut st = self.send.lock();
+        let mut st = self.send.lock_aside();
         if self.state() == QpState::Err {
             self.flush(&mut st);
         }
@@ -684,7 +684,7 @@ impl crate::device::QpHandle for Qp {
     /// calling thread itself.
     fn quiesce_sends(&self, pd: u32) {
         if self.pd.id == pd && self.import.is_none() {
-            drop(self.send.lock());
+            drop(self.send.lock_aside());
         }
     }
 }
@@ -702,7 +702,7 @@ impl Drop for Qp {
         self.ctx().state.store(DESTROYED, Ordering::Release);
         self.dev.unregister_qp(self.qpn);
         // Our connection may have been the last user of what the transport keeps for it.
-        self.send.lock().peer = None;
+        self.send.lock_aside().peer = None;
         self.release();
     }
 }

@@ -9,45 +9,56 @@
 //!
 //! Nearly every QP is posted to by one thread, and the compare-and-swap that takes the lock
 //! was then the last locked instruction of a request (an experiment without it: WRITE rate
-//! 22.3 -> 24.3 M msg/s). So the lock is *biased* to the first thread that takes it: that
+//! 22.3 -> 24.3 M msg/s). So the lock is *biased* to the first thread that posts: that
 //! thread takes it with plain stores (it marks itself inside, then checks that no other
-//! thread has asked for the lock). Another thread asks once and for good: it marks the lock
-//! revoked, has the kernel run a memory barrier on every thread of the process
-//! (`membarrier(2)`, private expedited), and waits for the owner to be outside. The barrier
+//! thread is asking for the lock). Another thread takes `held` (the compare-and-swap), marks
+//! that it is asking, has the kernel run a memory barrier on every thread of the process
+//! (`membarrier(2)`, private expedited) and waits for the owner to be outside. The barrier
 //! orders the owner's mark before its check as a fence in the owner would: either the asker
-//! sees the owner inside, or the owner sees the revocation and takes the compare-and-swap
-//! path, which everyone uses from then on. Where the kernel has no such barrier the lock is
+//! sees the owner inside, or the owner sees the asking and waits for `held`.
+//!
+//! A second thread that posts ends the bias for good (the QP is shared; a barrier per post
+//! would cost microseconds). The QP's other users ([`SendLock::lock_aside`]: the device's
+//! progress thread retrying sends after an RNR wait, modify, query, a deregistration's
+//! quiesce) only borrow it: they clear their mark as they let go, and the bias holds again
+//! (the progress thread once took SEND's gain away for good that way); after
+//! [`BORROWS_AT_MOST`] of them it ends too. Where the kernel has no such barrier the lock is
 //! never biased.
 
 use crate::sync::{self, Reach, thread_token};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, compiler_fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering, compiler_fence};
 
-/// [`SendLock::biased_to`] before the first lock.
+/// [`SendLock::biased_to`] before the first post.
 const UNCLAIMED: usize = 0;
-/// [`SendLock::biased_to`] once the bias is revoked, or where it cannot be had.
+/// [`SendLock::biased_to`] once the bias ended, or where it cannot be had.
 const UNBIASED: usize = 1;
+/// Times the biased owner may be asked out by [`SendLock::lock_aside`] before the bias ends.
+const BORROWS_AT_MOST: u32 = 1024;
 
 /// A lock over `T` whose release is a store, taken with stores alone by the thread it is
 /// biased to.
 pub(crate) struct SendLock<T> {
-    /// The lock of every thread but the biased one (and of that one once revoked).
+    /// The lock of every thread but the biased one (and of that one while it is asked out).
     held: AtomicBool,
     /// The thread the lock is biased to ([`thread_token`]), or [`UNCLAIMED`], or
-    /// [`UNBIASED`].
+    /// [`UNBIASED`]; claimed holding `held`.
     biased_to: AtomicUsize,
     /// The biased thread is inside.
     owner_in: AtomicBool,
-    /// Another thread asked: the bias is over (never cleared).
-    revoked: AtomicBool,
+    /// A holder of `held` keeps the biased thread out (for good once unbiased).
+    asking: AtomicBool,
+    /// How many times the biased thread was asked out by borrowers.
+    borrows: AtomicU32,
     value: UnsafeCell<T>,
 }
 
 // SAFETY: the value is reached only through a guard, and one guard at a time exists: a guard
-// of the biased thread, taken with `owner_in` while `revoked` was clear, or a guard of `held`
-// (an acquiring compare-and-swap, a releasing store), which is only handed out once the bias
-// is revoked and `owner_in` was seen clear after the barrier (see the module).
+// of the biased thread, taken with `owner_in` while `asking` was clear, or a guard of `held`
+// (an acquiring compare-and-swap, a releasing store), whose holder, if the lock is biased to
+// another thread, set `asking` and saw `owner_in` clear after the barrier (see the module).
+// The bias is claimed holding `held`, so no holder of `held` finds it claimed under it.
 unsafe impl<T: Send> Sync for SendLock<T> {}
 
 impl<T> SendLock<T> {
@@ -56,55 +67,59 @@ impl<T> SendLock<T> {
             held: AtomicBool::new(false),
             biased_to: AtomicUsize::new(UNCLAIMED),
             owner_in: AtomicBool::new(false),
-            revoked: AtomicBool::new(false),
+            asking: AtomicBool::new(false),
+            borrows: AtomicU32::new(0),
             value: UnsafeCell::new(value),
         }
     }
 
-    /// Takes the lock, waiting for it.
+    /// Takes the lock to post, waiting for it; the first thread that posts gets the bias.
     #[inline]
     pub(crate) fn lock(&self) -> SendGuard<'_, T> {
-        // A thread already inside that locks again is not let in twice: the other path
-        // waits for ever, as any lock taken again by its holder does.
-        if self.biased_to.load(Ordering::Relaxed) == thread_token()
-            && !self.owner_in.load(Ordering::Relaxed)
-        {
-            self.owner_in.store(true, Ordering::Relaxed);
-            // Only the compiler is kept from moving the check above the mark: the
-            // processor's reordering is what the asker's barrier undoes.
-            compiler_fence(Ordering::SeqCst);
-            if !self.revoked.load(Ordering::Relaxed) {
-                return SendGuard {
-                    lock: self,
-                    biased: true,
-                };
-            }
-            self.owner_in.store(false, Ordering::Release);
+        match self.biased() {
+            Some(g) => g,
+            None => self.lock_slow(true),
         }
-        self.lock_unbiased()
     }
 
-    /// The lock for a thread it is not biased to: claims the bias if nobody has it yet, else
-    /// revokes it (once) and takes `held`.
+    /// Takes the lock for anything but posting, waiting for it: borrowed from the biased
+    /// thread, if another, without ending its bias.
+    pub(crate) fn lock_aside(&self) -> SendGuard<'_, T> {
+        match self.biased() {
+            Some(g) => g,
+            None => self.lock_slow(false),
+        }
+    }
+
+    /// The lock through the bias, if it is the calling thread's and nobody asks for it.
+    #[inline(always)]
+    fn biased(&self) -> Option<SendGuard<'_, T>> {
+        // A thread already inside that locks again is not let in twice: the other path
+        // waits for ever, as any lock taken again by its holder does.
+        if self.biased_to.load(Ordering::Relaxed) != thread_token()
+            || self.owner_in.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        self.owner_in.store(true, Ordering::Relaxed);
+        // Only the compiler is kept from moving the check above the mark: the processor's
+        // reordering is what the asker's barrier undoes.
+        compiler_fence(Ordering::SeqCst);
+        if !self.asking.load(Ordering::Relaxed) {
+            return Some(SendGuard {
+                lock: self,
+                how: Held::Biased,
+            });
+        }
+        self.owner_in.store(false, Ordering::Release);
+        None
+    }
+
+    /// Takes `held`; a first post claims the bias, a post from another thread than the
+    /// owner ends it, anything else borrows it.
     #[cold]
     #[inline(never)]
-    fn lock_unbiased(&self) -> SendGuard<'_, T> {
-        if self.biased_to.load(Ordering::Relaxed) == UNCLAIMED {
-            let claim = if sync::registered(Reach::Process) {
-                thread_token()
-            } else {
-                UNBIASED
-            };
-            // Whoever wins, the lock was free of a biased owner until now; losers go on below.
-            if self
-                .biased_to
-                .compare_exchange(UNCLAIMED, claim, Ordering::SeqCst, Ordering::Relaxed)
-                .is_ok()
-                && claim != UNBIASED
-            {
-                return self.lock();
-            }
-        }
+    fn lock_slow(&self, posting: bool) -> SendGuard<'_, T> {
         if self
             .held
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -112,27 +127,49 @@ impl<T> SendLock<T> {
         {
             self.contended();
         }
-        if self.biased_to.load(Ordering::Acquire) != UNBIASED {
-            self.revoke();
-        }
-        SendGuard {
-            lock: self,
-            biased: false,
-        }
+        let me = thread_token();
+        let how = match self.biased_to.load(Ordering::Relaxed) {
+            UNCLAIMED if posting && sync::registered(Reach::Process) => {
+                self.biased_to.store(me, Ordering::Relaxed);
+                self.owner_in.store(true, Ordering::Relaxed);
+                Held::Owner
+            }
+            UNCLAIMED if posting => {
+                self.biased_to.store(UNBIASED, Ordering::Relaxed);
+                Held::Unbiased
+            }
+            UNCLAIMED | UNBIASED => Held::Unbiased,
+            owner if owner == me => {
+                // Here while inside (a second lock: waits for ever) or after a borrower let
+                // go; marked inside, so that a second lock of its own waits too.
+                self.wait_owner_out();
+                self.owner_in.store(true, Ordering::Relaxed);
+                Held::Owner
+            }
+            _ => {
+                self.asking.store(true, Ordering::SeqCst);
+                // The owner's `owner_in` store, if it came before its check of `asking`, is
+                // visible now; if it came after, its check sees `asking`.
+                sync::barrier(Reach::Process);
+                self.wait_owner_out();
+                if posting || self.borrows.fetch_add(1, Ordering::Relaxed) + 1 >= BORROWS_AT_MOST
+                {
+                    // `asking` stays set: an owner that read the old `biased_to` is kept out.
+                    self.biased_to.store(UNBIASED, Ordering::Relaxed);
+                    Held::Unbiased
+                } else {
+                    Held::Asking
+                }
+            }
+        };
+        SendGuard { lock: self, how }
     }
 
-    /// Ends the bias, holding `held`: from now on every thread takes `held`.
-    #[cold]
-    fn revoke(&self) {
-        self.revoked.store(true, Ordering::SeqCst);
-        // The owner's `owner_in` store, if it came before its check of `revoked`, is visible
-        // now; if it came after, its check sees `revoked`.
-        sync::barrier(Reach::Process);
+    fn wait_owner_out(&self) {
         // Acquire: what the owner did inside is visible once it is out.
         while self.owner_in.load(Ordering::Acquire) {
             std::thread::yield_now();
         }
-        self.biased_to.store(UNBIASED, Ordering::Release);
     }
 
     #[cold]
@@ -159,11 +196,23 @@ impl<T> SendLock<T> {
     }
 }
 
+/// How a guard holds its lock.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Held {
+    /// Through the bias (`owner_in`).
+    Biased,
+    /// Through `held`, having asked the biased owner out (`asking`, cleared on release).
+    Asking,
+    /// Through `held` alone.
+    Unbiased,
+    /// Through `held`, by the biased thread (after an asker let go), marked inside too.
+    Owner,
+}
+
 /// The lock held; released when dropped.
 pub(crate) struct SendGuard<'a, T> {
     lock: &'a SendLock<T>,
-    /// Held through the bias (`owner_in`), not `held`.
-    biased: bool,
+    how: Held,
 }
 
 impl<T> Deref for SendGuard<'_, T> {
@@ -186,10 +235,17 @@ impl<T> DerefMut for SendGuard<'_, T> {
 impl<T> Drop for SendGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        if self.biased {
-            self.lock.owner_in.store(false, Ordering::Release);
-        } else {
-            self.lock.held.store(false, Ordering::Release);
+        match self.how {
+            Held::Biased => self.lock.owner_in.store(false, Ordering::Release),
+            Held::Asking => {
+                self.lock.asking.store(false, Ordering::Release);
+                self.lock.held.store(false, Ordering::Release);
+            }
+            Held::Unbiased => self.lock.held.store(false, Ordering::Release),
+            Held::Owner => {
+                self.lock.owner_in.store(false, Ordering::Release);
+                self.lock.held.store(false, Ordering::Release);
+            }
         }
     }
 }
@@ -198,20 +254,25 @@ impl<T> Drop for SendGuard<'_, T> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
 
     /// Threads taking turns through the lock lose no update, and a guard's view is its own:
     /// each increments a plain (non-atomic) pair under it, which a torn or doubled hold would
-    /// leave unequal or short.
-    #[test]
-    fn contending_threads_lose_no_update() {
+    /// leave unequal or short. The first thread posts; the others post too (`aside` false:
+    /// the bias ends at once) or borrow it (until it ends after `BORROWS_AT_MOST`).
+    fn turns_lose_no_update(aside: bool) {
         const EACH: u64 = 200_000;
         let lock = Arc::new(SendLock::new((0u64, 0u64)));
         let threads: Vec<_> = (0..3)
-            .map(|_| {
+            .map(|t| {
                 let lock = lock.clone();
                 std::thread::spawn(move || {
                     for _ in 0..EACH {
-                        let mut g = lock.lock();
+                        let mut g = if aside && t > 0 {
+                            lock.lock_aside()
+                        } else {
+                            lock.lock()
+                        };
                         g.0 += 1;
                         std::hint::black_box(&mut *g);
                         g.1 += 1;
@@ -225,20 +286,45 @@ mod tests {
         assert_eq!(*lock.lock(), (3 * EACH, 3 * EACH));
     }
 
-    /// The thread the lock is biased to holds it; another thread that asks waits until the
-    /// holder lets go, sees what it did inside, and from then on both take the lock the
-    /// unbiased way.
     #[test]
-    fn a_second_thread_waits_for_the_biased_holder_and_ends_the_bias() {
+    fn posting_threads_lose_no_update() {
+        turns_lose_no_update(false);
+    }
+
+    #[test]
+    fn a_poster_and_borrowers_lose_no_update() {
+        turns_lose_no_update(true);
+    }
+
+    fn skip_without_barrier() -> bool {
+        let no = !sync::registered(Reach::Process);
+        if no {
+            eprintln!("skipped: this kernel has no private expedited membarrier");
+        }
+        no
+    }
+
+    /// The thread that posts first holds the lock through the bias; a borrower waits until
+    /// the holder lets go and sees what it did inside; once the borrower lets go, the bias
+    /// holds again.
+    #[test]
+    fn a_borrower_waits_for_the_biased_holder_and_the_bias_comes_back() {
+        if skip_without_barrier() {
+            return;
+        }
         let lock = Arc::new(SendLock::new(0u64));
+        assert_eq!(lock.lock_aside().how, Held::Unbiased, "claimed by no post");
         let g = lock.lock();
-        assert!(g.biased || !sync::registered(Reach::Process), "the first taker is biased");
-        let got = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        assert_eq!(g.how, Held::Owner, "the first post claims the bias");
+        drop(g);
+        let g = lock.lock();
+        assert_eq!(g.how, Held::Biased);
+        let got = Arc::new(AtomicBool::new(false));
         let asker = {
             let (lock, got) = (lock.clone(), got.clone());
             std::thread::spawn(move || {
-                let g = lock.lock();
-                assert!(!g.biased);
+                let g = lock.lock_aside();
+                assert_eq!(g.how, Held::Asking);
                 got.store(true, Ordering::SeqCst);
                 *g
             })
@@ -248,8 +334,46 @@ mod tests {
         let mut g = g;
         *g = 7;
         drop(g);
-        assert_eq!(asker.join().unwrap(), 7, "the asker saw the holder's write");
-        assert_eq!(lock.biased_to.load(Ordering::SeqCst), UNBIASED);
-        assert!(!lock.lock().biased, "the bias came back");
+        assert_eq!(asker.join().unwrap(), 7, "the borrower saw the holder's write");
+        assert_eq!(lock.lock().how, Held::Biased, "the bias did not come back");
+    }
+
+    /// A post from a second thread ends the bias for good.
+    #[test]
+    fn a_second_poster_ends_the_bias() {
+        if skip_without_barrier() {
+            return;
+        }
+        let lock = SendLock::new(0u32);
+        drop(lock.lock());
+        assert_eq!(lock.lock().how, Held::Biased);
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(lock.lock().how, Held::Unbiased));
+        });
+        assert_eq!(lock.lock().how, Held::Unbiased);
+        assert_eq!(lock.lock_aside().how, Held::Unbiased);
+    }
+
+    /// A lock borrowed too often stops being biased, for good.
+    #[test]
+    fn a_lock_borrowed_too_often_stays_unbiased() {
+        if skip_without_barrier() {
+            return;
+        }
+        let lock = SendLock::new(0u32);
+        *lock.lock() += 1;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 1..BORROWS_AT_MOST {
+                    let mut g = lock.lock_aside();
+                    assert_eq!(g.how, Held::Asking, "borrow {i}");
+                    *g += 1;
+                }
+                assert_eq!(lock.lock_aside().how, Held::Unbiased);
+            });
+        });
+        let g = lock.lock();
+        assert_eq!(g.how, Held::Unbiased);
+        assert_eq!(*g, BORROWS_AT_MOST, "an update was lost");
     }
 }
