@@ -26,11 +26,12 @@ use crate::Result;
 use crate::oob::{PeerFailed, TcpLink, watch_for_failure};
 use crate::perf::{
     self, Args, BW_SIZES, BW_TIME_CAP, BwRun, Guard, LAT_SIZE, LINK_TIMEOUT, Latency, Msg, Plan,
-    RdmaFigures, Route, START_TIMEOUT, WATCH_EVERY, Watchdog, expect, ns, recv, send, size_text,
+    RdmaFigures, Route, START_TIMEOUT, Test, WATCH_EVERY, Watchdog, expect, ns, recv, send,
+    size_text,
 };
 use crate::report::print_report;
 use serde::{Deserialize, Serialize};
-use softverbs::nic::engine::{UDP_GRO, UDP_SEGMENT, set_udp_option};
+use softverbs::nic::engine::{EngineHold, UDP_GRO, UDP_SEGMENT, set_udp_option};
 use softverbs::{Device, Gid};
 use softverbs_cli::netns::{self, HostNs, NetConfig, NetPair};
 use std::io::{BufRead, BufReader, ErrorKind, IoSlice};
@@ -98,6 +99,22 @@ pub struct NetPeerArgs {
     /// The CPU this end (and the RoCE engine it starts, which inherits it) runs on.
     #[arg(long)]
     cpu: usize,
+    /// Serve: the CPU this end's engine runs on during the latency tests (see
+    /// [`latency_engines_share`]); on `cpu` for the others.
+    #[arg(long)]
+    latency_engine_cpu: Option<usize>,
+}
+
+/// True if both hosts' engines run on host A's CPU during the latency tests. With four
+/// processes that busy-poll or are woken per packet (two ends, two engines) on fewer CPUs, a
+/// round trip wakes an engine four times: each engine on its host's CPU makes two of those
+/// wake-ups cross-CPU ones (the packet's arrival is handled on the sender's CPU over a veth,
+/// as the kernel does for the UDP baseline), which on a 2-core VM cost 11-19 µs each against
+/// 3-4 µs on the same CPU. Both engines on one CPU leave one (ib_write_lat between the
+/// namespaces: 23.5 -> 11.0 µs). The bandwidth tests keep an engine per CPU: sharing one,
+/// 1 MiB WRITEs fell from 2.2 to 1.4 GB/s.
+pub(crate) fn latency_engines_share() -> bool {
+    crate::report::cpus() < 4
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -225,6 +242,9 @@ struct NetReport {
     /// True if the bandwidth test's writer slept on a completion channel rather than
     /// busy-polled its CQ (see `perf::net_writer_sleeps`).
     bandwidth_writer_sleeps: bool,
+    /// The CPU both hosts' engines ran on during the latency tests, if they shared one (see
+    /// [`latency_engines_share`]).
+    latency_engines_cpu: Option<usize>,
 }
 
 fn star(met: bool) -> &'static str {
@@ -242,8 +262,8 @@ impl NetReport {
         let _ = writeln!(
             t,
             "perf --net: {}, {} ({} <-> {}, MTU {}; pids {} and {}, each host on a CPU of its \
-             own: {} and {} of {}; {}); latency = half a round trip (p50); targets: latency <= \
-             {LAT_TARGET:.1}x UDP, bandwidth >= {BW_TARGET:.2}x UDP (* = missed)",
+             own: {} and {} of {}{}; {}); latency = half a round trip (p50); targets: latency \
+             <= {LAT_TARGET:.1}x UDP, bandwidth >= {BW_TARGET:.2}x UDP (* = missed)",
             self.device,
             self.mode,
             host(&self.hosts[0]),
@@ -254,6 +274,10 @@ impl NetReport {
             self.cpu_pair[0],
             self.cpu_pair[1],
             self.cpus,
+            self.latency_engines_cpu
+                .map_or_else(String::new, |c| format!(
+                    ", both RoCE engines on CPU {c} for the latency tests"
+                )),
             self.cpu_model,
         );
         for (name, fig) in [
@@ -511,6 +535,10 @@ pub fn run(args: &Args) -> Result<()> {
         }
     };
     let mut b_cmd = command(hosts[1], "serve", pair[1]);
+    let engines_share = hosts[1].is_some() && pair[0] != pair[1] && latency_engines_share();
+    if engines_share {
+        b_cmd.args(["--latency-engine-cpu", &pair[0].to_string()]);
+    }
     b_cmd.args([
         "--connect",
         &SocketAddr::from((ip(hosts[0]), port)).to_string(),
@@ -549,6 +577,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     report.device = device_name;
     report.cpu_pair = pair;
+    report.latency_engines_cpu = engines_share.then_some(pair[0]);
     // The ends count only their own CPU, to which they are pinned.
     report.cpus = crate::report::cpus();
     let a_done = a.finish();
@@ -852,7 +881,7 @@ fn serve_end(args: &NetPeerArgs) -> Result<()> {
     let to = args.connect.ok_or("the serving end needs --connect")?;
     let mut link = TcpLink::connect(&to.ip().to_string(), to.port(), START_TIMEOUT, LINK_TIMEOUT)?;
     let guard = Guard::new();
-    let mut device: Option<(Device, Route)> = None;
+    let mut device: Option<(Device, Route, Option<EngineHold>)> = None;
     let result = watched(&mut link, &guard, |link| {
         loop {
             match recv(link)? {
@@ -901,9 +930,19 @@ fn serve_end(args: &NetPeerArgs) -> Result<()> {
                     ep,
                 } => {
                     if device.is_none() {
-                        device = Some(rdma_device(args.device.as_deref(), args.ip)?);
+                        let (dev, route) = rdma_device(args.device.as_deref(), args.ip)?;
+                        // Held, so that it is the same engine whatever the tests open.
+                        let hold = match args.latency_engine_cpu {
+                            Some(_) => Some(dev.hold_engine()?),
+                            None => None,
+                        };
+                        device = Some((dev, route, hold));
                     }
-                    let (dev, route) = device.as_ref().ok_or("no device")?;
+                    let (dev, route, hold) = device.as_ref().ok_or("no device")?;
+                    if let (Some(hold), Some(shared)) = (hold, args.latency_engine_cpu) {
+                        let latency = matches!(test, Test::WriteLat | Test::SendLat);
+                        place_engine(hold, if latency { shared } else { args.cpu })?;
+                    }
                     let _passive =
                         perf::serve_rdma(link, dev, Some(*route), test, rounds, size, &ep, &guard)?;
                 }
@@ -916,6 +955,18 @@ fn serve_end(args: &NetPeerArgs) -> Result<()> {
     });
     perf::tell_peer(&mut link, &result);
     result
+}
+
+/// Moves the engine `hold` keeps to `cpu` (it goes there when it next runs).
+fn place_engine(hold: &EngineHold, cpu: usize) -> Result<()> {
+    let pid = i32::try_from(hold.engine_pid())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or("the engine's process id is not one")?;
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(Some(pid), &set)
+        .map_err(|e| format!("placing the engine (pid {pid:?}) on CPU {cpu}: {e}").into())
 }
 
 // ---------------------------------------------------------------------------------------------

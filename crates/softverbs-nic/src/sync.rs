@@ -86,7 +86,10 @@ pub(crate) fn barrier(reach: Reach) {
 /// process" to a signal test. A process of another user exists too.
 pub(crate) fn process_exists(pid: u32) -> bool {
     // A pid past i32 would name a process group.
-    let Some(p) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else {
+    let Some(p) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
         return false;
     };
     !matches!(

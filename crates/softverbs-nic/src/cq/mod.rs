@@ -853,7 +853,6 @@ impl Drop for Cursor<'_> {
     }
 }
 
-
 impl Cursor<'_> {
     /// The completion held.
     #[inline]

@@ -152,8 +152,7 @@ impl<T> SendLock<T> {
                 // visible now; if it came after, its check sees `asking`.
                 sync::barrier(Reach::Process);
                 self.wait_owner_out();
-                if posting || self.borrows.fetch_add(1, Ordering::Relaxed) + 1 >= BORROWS_AT_MOST
-                {
+                if posting || self.borrows.fetch_add(1, Ordering::Relaxed) + 1 >= BORROWS_AT_MOST {
                     // `asking` stays set: an owner that read the old `biased_to` is kept out.
                     self.biased_to.store(UNBIASED, Ordering::Relaxed);
                     Held::Unbiased
@@ -330,11 +329,18 @@ mod tests {
             })
         };
         std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!got.load(Ordering::SeqCst), "taken while the biased holder had it");
+        assert!(
+            !got.load(Ordering::SeqCst),
+            "taken while the biased holder had it"
+        );
         let mut g = g;
         *g = 7;
         drop(g);
-        assert_eq!(asker.join().unwrap(), 7, "the borrower saw the holder's write");
+        assert_eq!(
+            asker.join().unwrap(),
+            7,
+            "the borrower saw the holder's write"
+        );
         assert_eq!(lock.lock().how, Held::Biased, "the bias did not come back");
     }
 

@@ -33,6 +33,8 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connection to an engine.
 pub(crate) struct Link {
+    /// The engine's process id, as it said in its welcome.
+    pub(crate) engine_pid: u32,
     sock: OwnedFd,
     bell: OwnedFd,
     state: Segment,
@@ -162,6 +164,7 @@ impl Link {
             send_msg(&sock, &Ctl::Capture { path })?;
         }
         let link = Arc::new(Link {
+            engine_pid: w.pid,
             sock,
             bell,
             state,

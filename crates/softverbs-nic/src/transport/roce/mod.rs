@@ -361,6 +361,13 @@ impl std::fmt::Debug for EngineHold {
     }
 }
 
+impl EngineHold {
+    /// The process id of the engine held (to place it on a CPU, say).
+    pub fn engine_pid(&self) -> u32 {
+        self._link.engine_pid
+    }
+}
+
 /// Connects to the engine serving `dev`, starting it if none runs, and keeps it running
 /// while the returned value lives.
 pub fn hold_engine(dev: &Device) -> Result<EngineHold> {
