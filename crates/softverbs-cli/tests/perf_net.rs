@@ -184,7 +184,7 @@ fn the_whole_run_over_roce0_across_two_namespaces() {
     // On a small machine both engines ran on host A's CPU for the latency tests (moving
     // host B's is an error the run reports); elsewhere each stays on its host's.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let shared = if cpus >= 2 && cpus < 4 {
+    let shared = if (2..4).contains(&cpus) {
         r["cpu_pair"][0].clone()
     } else {
         Value::Null
