@@ -673,6 +673,57 @@ fn bulk_traffic_is_batched_and_segments_keep_their_icrc() {
     }
 }
 
+/// `SOFTVERBS_ENGINE_CPUS` places the engine a program starts (`perf --net` puts two
+/// namespaces' engines on one CPU for its latency tests that way): the engine runs on the
+/// CPUs listed, not on its program's; a list the system cannot take fails the program's
+/// device with an error naming the variable, and leaves no engine behind.
+#[test]
+fn the_engine_runs_on_the_cpus_it_is_given() {
+    let Some(s) = setup("engine CPUs", &["ibv_rc_pingpong"]) else {
+        return;
+    };
+    let h = s.net.a();
+    let mut cmd = run_on(h, "", &["ibv_rc_pingpong", "-g", &s.gid[0], "-p", "18601"]);
+    cmd.env("SOFTVERBS_ENGINE_CPUS", "0");
+    let mut holder = spawn(&mut cmd);
+    if !wait_listening(&mut holder, 18601) {
+        let out = finish(vec![("holder", holder)], Duration::ZERO);
+        panic!("the holder did not start: {}", show(&out[0]));
+    }
+    let report = nic(h);
+    let pid: u32 = report
+        .lines()
+        .find_map(|l| l.strip_prefix("engine: pid "))
+        .and_then(|l| l.split(',').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no engine pid in: {report}"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("engine status");
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(str::trim);
+    kill(&mut holder);
+    let _ = holder.wait();
+    assert_eq!(allowed, Some("0"), "{status}");
+    wait_engine_gone(h);
+
+    for bad in ["1-0", "x", "4096"] {
+        let mut cmd = h.command(SOFTVERBS);
+        cmd.args(["pingpong", "--loopback", "-d", "roce0", "-n", "10"])
+            .env("SOFTVERBS_DEVICES", device_entry(h, ""))
+            .env("SOFTVERBS_ENGINE_CPUS", bad);
+        let out = finish(vec![("pingpong", spawn(&mut cmd))], RUN_LIMIT);
+        let err = String::from_utf8_lossy(&out[0].stderr);
+        assert_eq!(out[0].status.code(), Some(1), "{}", show(&out[0]));
+        assert!(
+            err.contains(&format!("SOFTVERBS_ENGINE_CPUS={bad}")),
+            "{}",
+            show(&out[0])
+        );
+        wait_engine_gone(h);
+    }
+}
+
 /// The engine's capture of an `ibv_rc_pingpong` over the link-local IPv6 GIDs (index 0):
 /// clean RoCEv2, like the IPv4 ones (packets it received included: IPv6 forbids a zero UDP
 /// checksum, so the engine computes the one the wire carried when it captures).

@@ -50,7 +50,7 @@ pub mod engine {
         ENV_ENGINE_BATCH, UDP_GRO, UDP_SEGMENT, set_udp_option,
     };
     pub use crate::transport::roce::engine::{
-        ENV_ENGINE_EXE, ENV_ENGINE_LOG, ENV_ENGINE_SPIN, serve,
+        ENV_ENGINE_CPUS, ENV_ENGINE_EXE, ENV_ENGINE_LOG, ENV_ENGINE_SPIN, serve,
     };
     pub use crate::transport::roce::{
         ENV_PCAP, EngineHold, engine_capture, engine_report, hold_engine,

@@ -204,6 +204,62 @@ fn log(path: Option<&str>, what: &str) {
 /// subcommand runs an engine (`softverbs run` sets it for the programs it starts).
 pub const ENV_ENGINE_EXE: &str = "SOFTVERBS_ENGINE_EXE";
 
+/// The environment variable listing the CPUs an engine runs on (`0`, `2-3`, `0,2`), read by
+/// the process that starts it; by default the engine may use those of that process. Two
+/// network namespaces on a machine of two CPUs, say: both engines on one CPU turn two
+/// cross-CPU wake-ups of a round trip into local ones (see `perf --net`).
+pub const ENV_ENGINE_CPUS: &str = "SOFTVERBS_ENGINE_CPUS";
+
+/// The CPUs of a list such as `0`, `2-3` or `0,2-3` (each below `CPU_SETSIZE`).
+fn parse_cpu_list(list: &str) -> Result<Vec<usize>, String> {
+    let max = rustix::thread::CpuSet::MAX_CPU;
+    let cpu = |t: &str| -> Result<usize, String> {
+        let n: usize = t
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{t}` is not a CPU number"))?;
+        if n >= max {
+            return Err(format!("CPU {n} is past the last one ({})", max - 1));
+        }
+        Ok(n)
+    };
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (cpu(a)?, cpu(b)?);
+                if a > b {
+                    return Err(format!("`{part}` runs backwards"));
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(cpu(part)?),
+        }
+    }
+    Ok(cpus)
+}
+
+/// Puts the engine `pid` on the CPUs `$SOFTVERBS_ENGINE_CPUS` lists, if it lists any.
+fn place(pid: u32) -> crate::Result<()> {
+    let Some(list) = std::env::var(ENV_ENGINE_CPUS)
+        .ok()
+        .filter(|l| !l.trim().is_empty())
+    else {
+        return Ok(());
+    };
+    let bad = |why: String| crate::Error::Config(format!("{ENV_ENGINE_CPUS}={list}: {why}"));
+    let mut set = rustix::thread::CpuSet::new();
+    for c in parse_cpu_list(&list).map_err(bad)? {
+        set.set(c);
+    }
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| bad("no engine process".into()))?;
+    rustix::thread::sched_setaffinity(Some(pid), &set)
+        .map_err(|e| bad(format!("the system refuses those CPUs ({e})")))
+}
+
 /// The `softverbs` executable that runs engines: `$SOFTVERBS_ENGINE_EXE`, else a `softverbs`
 /// next to this program or up to two directories above it (a cargo target directory holds
 /// test binaries in `deps/`), else the first on `PATH`.
@@ -256,6 +312,13 @@ pub(crate) fn start(cfg: &DeviceConfig) -> crate::Result<()> {
     let mut child = cmd.spawn().map_err(|e| {
         crate::Error::NotFound(format!("cannot run the RoCE engine {}: {e}", exe.display()))
     })?;
+    // Placed as it starts (it moves there if it already runs): an engine the program did
+    // not ask for is not left running elsewhere.
+    if let Err(e) = place(child.id()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
     // Reaped here if it ends before this process does (else init reaps it).
     let _ = std::thread::Builder::new()
         .name("softverbs-engine-reap".into())
