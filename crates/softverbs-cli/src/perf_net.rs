@@ -577,7 +577,8 @@ pub fn run(args: &Args) -> Result<()> {
     }
     report.device = device_name;
     report.cpu_pair = pair;
-    report.latency_engines_cpu = engines_share.then_some(pair[0]);
+    let latency_ran = report.rdma_write_latency.is_some() || report.send_latency.is_some();
+    report.latency_engines_cpu = (engines_share && latency_ran).then_some(pair[0]);
     // The ends count only their own CPU, to which they are pinned.
     report.cpus = crate::report::cpus();
     let a_done = a.finish();
@@ -933,8 +934,8 @@ fn serve_end(args: &NetPeerArgs) -> Result<()> {
                         let (dev, route) = rdma_device(args.device.as_deref(), args.ip)?;
                         // Held, so that it is the same engine whatever the tests open.
                         let hold = match args.latency_engine_cpu {
-                            Some(_) => Some(dev.hold_engine()?),
-                            None => None,
+                            Some(_) if dev.is_networked() => Some(dev.hold_engine()?),
+                            _ => None,
                         };
                         device = Some((dev, route, hold));
                     }
