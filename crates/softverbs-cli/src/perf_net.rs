@@ -942,7 +942,13 @@ fn serve_end(args: &NetPeerArgs) -> Result<()> {
                     let (dev, route, hold) = device.as_ref().ok_or("no device")?;
                     if let (Some(hold), Some(shared)) = (hold, args.latency_engine_cpu) {
                         let latency = matches!(test, Test::WriteLat | Test::SendLat);
-                        place_engine(hold, if latency { shared } else { args.cpu })?;
+                        let cpu = if latency { shared } else { args.cpu };
+                        hold.place_on(&[cpu]).map_err(|e| {
+                            format!(
+                                "placing the engine (pid {}) on CPU {cpu}: {e}",
+                                hold.engine_pid()
+                            )
+                        })?;
                     }
                     let _passive =
                         perf::serve_rdma(link, dev, Some(*route), test, rounds, size, &ep, &guard)?;
@@ -956,18 +962,6 @@ fn serve_end(args: &NetPeerArgs) -> Result<()> {
     });
     perf::tell_peer(&mut link, &result);
     result
-}
-
-/// Moves the engine `hold` keeps to `cpu` (it goes there when it next runs).
-fn place_engine(hold: &EngineHold, cpu: usize) -> Result<()> {
-    let pid = i32::try_from(hold.engine_pid())
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-        .ok_or("the engine's process id is not one")?;
-    let mut set = rustix::thread::CpuSet::new();
-    set.set(cpu);
-    rustix::thread::sched_setaffinity(Some(pid), &set)
-        .map_err(|e| format!("placing the engine (pid {pid:?}) on CPU {cpu}: {e}").into())
 }
 
 // ---------------------------------------------------------------------------------------------

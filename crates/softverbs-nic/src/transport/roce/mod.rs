@@ -362,9 +362,15 @@ impl std::fmt::Debug for EngineHold {
 }
 
 impl EngineHold {
-    /// The process id of the engine held (to place it on a CPU, say).
+    /// The process id of the engine held.
     pub fn engine_pid(&self) -> u32 {
         self._link.engine_pid
+    }
+
+    /// Lets the engine held run on `cpus` only (it moves there when it next runs), as
+    /// `SOFTVERBS_ENGINE_CPUS` does for an engine as it starts.
+    pub fn place_on(&self, cpus: &[usize]) -> Result<()> {
+        engine::put_on_cpus(self._link.engine_pid, cpus).map_err(Error::InvalidArgument)
     }
 }
 

@@ -248,16 +248,24 @@ fn place(pid: u32) -> crate::Result<()> {
         return Ok(());
     };
     let bad = |why: String| crate::Error::Config(format!("{ENV_ENGINE_CPUS}={list}: {why}"));
+    put_on_cpus(pid, &parse_cpu_list(&list).map_err(bad)?).map_err(bad)
+}
+
+/// Lets process `pid` (an engine) run on `cpus` only; it moves there when it next runs.
+pub(crate) fn put_on_cpus(pid: u32, cpus: &[usize]) -> Result<(), String> {
     let mut set = rustix::thread::CpuSet::new();
-    for c in parse_cpu_list(&list).map_err(bad)? {
+    for &c in cpus {
+        if c >= rustix::thread::CpuSet::MAX_CPU {
+            return Err(format!("CPU {c} is past the last one"));
+        }
         set.set(c);
     }
     let pid = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)
-        .ok_or_else(|| bad("no engine process".into()))?;
+        .ok_or("no engine process")?;
     rustix::thread::sched_setaffinity(Some(pid), &set)
-        .map_err(|e| bad(format!("the system refuses those CPUs ({e})")))
+        .map_err(|e| format!("the system refuses those CPUs ({e})"))
 }
 
 /// The `softverbs` executable that runs engines: `$SOFTVERBS_ENGINE_EXE`, else a `softverbs`
@@ -1578,6 +1586,16 @@ fn add_counters(sum: &mut QpCounters, c: &QpCounters) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_are_read_or_refused() {
+        assert_eq!(parse_cpu_list("0"), Ok(vec![0]));
+        assert_eq!(parse_cpu_list("0, 2-4,7"), Ok(vec![0, 2, 3, 4, 7]));
+        for bad in ["", "a", "1-0", "-1", "1-", "99999", "0,,1"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad:?} taken");
+        }
+        assert!(put_on_cpus(std::process::id(), &[99_999]).is_err());
+    }
 
     #[test]
     fn immediate_data_keeps_its_bytes_on_the_wire() {
