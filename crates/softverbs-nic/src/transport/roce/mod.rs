@@ -352,7 +352,7 @@ pub fn engine_capture(dev: &Device, path: &str) -> Result<String> {
 /// this process used it: what a CM agent holds so that its host answers CM MADs on QP1
 /// before the program has made any QP (an engine stops soon after its last client).
 pub struct EngineHold {
-    _link: Arc<Link>,
+    link: Arc<Link>,
 }
 
 impl std::fmt::Debug for EngineHold {
@@ -364,13 +364,13 @@ impl std::fmt::Debug for EngineHold {
 impl EngineHold {
     /// The process id of the engine held.
     pub fn engine_pid(&self) -> u32 {
-        self._link.engine_pid
+        self.link.engine_pid
     }
 
     /// Lets the engine held run on `cpus` only (it moves there when it next runs), as
     /// `SOFTVERBS_ENGINE_CPUS` does for an engine as it starts.
     pub fn place_on(&self, cpus: &[usize]) -> Result<()> {
-        engine::put_on_cpus(self._link.engine_pid, cpus).map_err(Error::InvalidArgument)
+        engine::put_on_cpus(self.link.engine_pid, cpus).map_err(Error::InvalidArgument)
     }
 }
 
@@ -384,6 +384,6 @@ pub fn hold_engine(dev: &Device) -> Result<EngineHold> {
         )));
     }
     Ok(EngineHold {
-        _link: Link::get(&dev.config)?,
+        link: Link::get(&dev.config)?,
     })
 }
