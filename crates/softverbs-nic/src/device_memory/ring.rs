@@ -16,7 +16,8 @@ use crate::error::Result;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const MAGIC: u32 = 0x5249_4e47; // "RING"
-const VERSION: u32 = 1;
+/// 2: sequence words are stored relative to their slot's index (all zero = an empty ring).
+const VERSION: u32 = 2;
 const HEAD: usize = 64;
 const TAIL: usize = 128;
 const SLOTS: usize = 192;
@@ -60,9 +61,9 @@ impl Ring {
             mask: u64::from(capacity) - 1,
             stride,
         };
-        for i in 0..u64::from(capacity) {
-            ring.seq(i).store(i, Ordering::Relaxed);
-        }
+        // A new segment reads zero, which is every slot free for the first lap (see
+        // `Slots::seq_load`): no slot is written, so the pages of slots never used are never
+        // faulted in.
         std::sync::atomic::fence(Ordering::Release);
         Ok(ring)
     }
@@ -129,9 +130,20 @@ impl Ring {
         self.seg.at(TAIL)
     }
 
+    /// The sequence word of slot `pos`, for prefetches (its value: [`Slots::seq_load`]).
     #[inline(always)]
     fn seq(&self, pos: u64) -> &AtomicU64 {
         self.slots().seq(pos)
+    }
+
+    #[inline(always)]
+    fn seq_load(&self, pos: u64, order: Ordering) -> u64 {
+        self.slots().seq_load(pos, order)
+    }
+
+    #[inline(always)]
+    fn seq_store(&self, pos: u64, value: u64, order: Ordering) {
+        self.slots().seq_store(pos, value, order)
     }
 
     #[inline(always)]
@@ -160,7 +172,7 @@ impl Ring {
     pub fn ready(&self, max: usize) -> usize {
         let head = self.head().load(Ordering::Acquire);
         (0..max as u64)
-            .take_while(|&i| self.seq(head + i).load(Ordering::Acquire) == head + i + 1)
+            .take_while(|&i| self.seq_load(head + i, Ordering::Acquire) == head + i + 1)
             .count()
     }
 
@@ -176,7 +188,7 @@ impl Ring {
     pub fn head_unpublished(&self) -> bool {
         let slots = self.slots();
         let head = slots.head.load(Ordering::Relaxed);
-        slots.seq(head).load(Ordering::Acquire) == head
+        slots.seq_load(head, Ordering::Acquire) == head
     }
 
     /// Claims the next free slot for writing; `None` when the ring is full.
@@ -188,7 +200,7 @@ impl Ring {
         // the payload and sequence stores follow.
         prefetch::write(self.seq(pos));
         loop {
-            let seq = self.seq(pos).load(Ordering::Acquire);
+            let seq = self.seq_load(pos, Ordering::Acquire);
             match seq.cmp(&pos) {
                 std::cmp::Ordering::Equal => {
                     match tail.compare_exchange_weak(
@@ -248,7 +260,7 @@ impl Ring {
         let head = self.head();
         let mut pos = head.load(Ordering::Relaxed);
         loop {
-            let seq = self.seq(pos).load(Ordering::Acquire);
+            let seq = self.seq_load(pos, Ordering::Acquire);
             match seq.cmp(&(pos + 1)) {
                 std::cmp::Ordering::Equal => {
                     match head.compare_exchange_weak(
@@ -287,7 +299,7 @@ impl Ring {
                 dst.add(i).write_unaligned(*item);
             }
         }
-        self.seq(pos).store(pos + 1, Ordering::Release);
+        self.seq_store(pos, pos + 1, Ordering::Release);
         Ok(pos)
     }
 
@@ -342,7 +354,7 @@ impl Ring {
         // SAFETY: we own slot `pos` until we publish its sequence; the payload area is in
         // bounds, and `T` fits (asserted).
         unsafe { self.payload_ptr(pos).cast::<T>().write_unaligned(*value) };
-        self.seq(pos).store(pos + 1, Ordering::Release);
+        self.seq_store(pos, pos + 1, Ordering::Release);
     }
 
     /// A producer stopped between claiming a slot and publishing it (tests of consumers):
@@ -425,7 +437,7 @@ impl<'a> Slots<'a> {
             .wrapping_add((pos & self.mask) as usize * self.stride)
     }
 
-    /// The sequence word of slot `pos`.
+    /// The sequence word of slot `pos` as stored (see [`seq_load`](Self::seq_load)).
     #[inline(always)]
     fn seq(&self, pos: u64) -> &'a AtomicU64 {
         // SAFETY: `Ring::new` and `Ring::open` made sure that `SLOTS + capacity * stride`
@@ -433,6 +445,20 @@ impl<'a> Slots<'a> {
         // 8: every slot's first word is in bounds and aligned, and the segment, which the
         // `Ring` behind `'a` holds, stays mapped while the reference lives.
         unsafe { &*self.slot(pos).cast::<AtomicU64>() }
+    }
+
+    /// The sequence of slot `pos`: what its word holds plus the slot's index, so that the
+    /// zeros of a new segment are Vyukov's initial sequences (slot `i` free at `i`).
+    #[inline(always)]
+    fn seq_load(&self, pos: u64, order: Ordering) -> u64 {
+        self.seq(pos).load(order).wrapping_add(pos & self.mask)
+    }
+
+    /// Stores sequence `value` into slot `pos`'s word (relative to the slot's index).
+    #[inline(always)]
+    fn seq_store(&self, pos: u64, value: u64, order: Ordering) {
+        self.seq(pos)
+            .store(value.wrapping_sub(pos & self.mask), order);
     }
 
     /// The payload of slot `pos` (8 bytes in: in bounds, 8-byte aligned, as for `seq`).
@@ -444,7 +470,7 @@ impl<'a> Slots<'a> {
     /// [`Ring::release`].
     #[inline(always)]
     fn release(&self, pos: u64) {
-        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
+        self.seq_store(pos, pos + self.mask + 1, Ordering::Release);
     }
 
     /// Takes slot `pos`, the head, if it was published: [`Ring::take_exclusive`] for a
@@ -455,7 +481,7 @@ impl<'a> Slots<'a> {
     /// As for `take_exclusive`, and `pos` is the head.
     #[inline(always)]
     unsafe fn take_at(&self, pos: u64) -> bool {
-        if self.seq(pos).load(Ordering::Acquire) != pos + 1 {
+        if self.seq_load(pos, Ordering::Acquire) != pos + 1 {
             return false;
         }
         // Nobody else moves the head meanwhile (the caller's promise), so this is the

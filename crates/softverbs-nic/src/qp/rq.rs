@@ -39,8 +39,9 @@ pub struct RecvWqe {
 /// Slots past the next post whose lines a post asks for ahead ([`RecvQueue::post`]).
 const POST_AHEAD: u64 = 4;
 /// Slots a queue holds beyond what was asked for: room that keeps the owner's posts behind
-/// the requesters' takes even when the program keeps every receive it asked for posted.
-const SLACK: u32 = 2 * POST_AHEAD as u32;
+/// the requesters' takes even when the program keeps every receive it asked for posted (the
+/// slot a post asks for ahead is then free).
+const SLACK: u32 = POST_AHEAD as u32 + 1;
 
 /// A ring of receive WQEs with room for `max_sge` SGEs each.
 pub struct RecvQueue {
