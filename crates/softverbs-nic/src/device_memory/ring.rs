@@ -13,7 +13,7 @@
 use crate::device_memory::prefetch;
 use crate::device_memory::segment::Segment;
 use crate::error::Result;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 const MAGIC: u32 = 0x5249_4e47; // "RING"
 /// 2: sequence words are stored relative to their slot's index (all zero = an empty ring).
@@ -310,9 +310,10 @@ impl Ring {
     pub fn prefetch_slot(&self, pos: u64) {
         let first = self.seq(pos);
         prefetch::write(first);
-        let last = (first as *const AtomicU64 as *const u8).wrapping_add(self.stride - 1);
+        let last = (first as *const AtomicU64 as *const AtomicU8).wrapping_add(self.stride - 1);
         // SAFETY: the slot's last byte lies inside the slot, which lies inside the segment
-        // (`Ring::new` and `Ring::open` checked the geometry), mapped while `self` lives.
+        // (`Ring::new` and `Ring::open` checked the geometry), mapped while `self` lives; an
+        // atomic byte may be written by another process meanwhile.
         prefetch::write(unsafe { &*last });
     }
 
