@@ -13,9 +13,9 @@ use crate::oob::{ChannelLink, OobLink, PeerError, PeerFailed, TcpLink, watch_for
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use softverbs::{
-    AccessFlags, AddressHandle, CompletionQueue, Context, Device, DeviceClock, Endpoint, GRH_LEN,
-    MemoryRegion, QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
-    WorkCompletion, address_vector,
+    AccessFlags, AddressHandle, CompletionQueue, Context, CqInitAttrEx, Device, DeviceClock,
+    Endpoint, GRH_LEN, MemoryRegion, QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendFlags,
+    SendOp, SendWr, WcExFlags, WorkCompletion, address_vector,
 };
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
@@ -473,7 +473,14 @@ impl<'a> End<'a> {
             None
         };
         let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(SQ_DEPTH + cfg.rx_depth as u32, None)?;
+        let depth = SQ_DEPTH + cfg.rx_depth as u32;
+        // As ibv_rc_pingpong --ts does: only a CQ with the timestamp field is stamped.
+        let cq = if cfg.ts {
+            let flags = WcExFlags::STANDARD | WcExFlags::COMPLETION_TIMESTAMP;
+            ctx.create_cq_ex(&CqInitAttrEx::new(depth).wc_flags(flags))?
+        } else {
+            ctx.create_cq(depth, None)?
+        };
         let qp = pd.create_qp(&QpInitAttr {
             cap: QpCap {
                 max_send_wr: SQ_DEPTH,

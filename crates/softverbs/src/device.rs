@@ -295,7 +295,7 @@ impl Context {
 /// let ctx = softverbs::devices()?[0].open()?;
 /// let clock = ctx.clock();
 /// let pd = ctx.alloc_pd()?;
-/// let cq = ctx.create_cq(4, None)?;
+/// let cq = ctx.create_cq_ex(&CqInitAttrEx::new(4).wc_flags(WcExFlags::COMPLETION_TIMESTAMP))?;
 /// let mr = pd.alloc_mr(8, AccessFlags::LOCAL_WRITE)?;
 /// let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq))?;
 /// qp.connect(&qp.endpoint(0)?, 0, AccessFlags::empty())?;

@@ -1,5 +1,6 @@
-//! Completion timestamps and the device clock: every completion is stamped, the stamps follow
-//! the OS monotonic clock, wrap-around of a narrow clock is handled, and the clock read with
+//! Completion timestamps and the device clock: every completion of a CQ created with a
+//! timestamp field is stamped (and none of a CQ without one), the stamps follow the OS
+//! monotonic clock, wrap-around of a narrow clock is handled, and the clock read with
 //! `query_rt_values` is the one the completions are stamped with.
 
 use softverbs::*;
@@ -27,12 +28,19 @@ fn default_device() -> Device {
     devices().expect("device list")[0].clone()
 }
 
-/// Two QPs of `qp_type`, each with its own CQ: connected (RC, UC) or ready (UD).
+/// Two QPs of `qp_type`, each with its own CQ that has the completion timestamp: connected
+/// (RC, UC) or ready (UD).
 fn pair(device: &Device, qp_type: QpType) -> Pair {
+    pair_with(device, qp_type, WcExFlags::COMPLETION_TIMESTAMP)
+}
+
+/// [`pair`] with CQs of `wc_flags` (beside the standard fields).
+fn pair_with(device: &Device, qp_type: QpType, wc_flags: WcExFlags) -> Pair {
     let ctx = ctx_on(device);
     let pd = ctx.alloc_pd().unwrap();
-    let cq_a = ctx.create_cq(256, None).unwrap();
-    let cq_b = ctx.create_cq(256, None).unwrap();
+    let attr = CqInitAttrEx::new(256).wc_flags(WcExFlags::STANDARD | wc_flags);
+    let cq_a = ctx.create_cq_ex(&attr).unwrap();
+    let cq_b = ctx.create_cq_ex(&attr).unwrap();
     let a = pd
         .create_qp(&QpInitAttr::new(qp_type, &cq_a, &cq_a))
         .unwrap();
@@ -109,6 +117,38 @@ fn device_reports_the_clock() {
     assert_eq!(slow.ticks_to_ns(156_250), 1_000_000);
     assert_eq!(slow.delta_ns(u64::MAX, 156_249), 1_000_000);
     assert_eq!(DeviceClock { mask: 1, khz: 0 }.ticks_to_ns(5), 0);
+}
+
+/// A CQ without a timestamp field (a classic `create_cq` one) is never stamped: reading the
+/// clock is the costliest step of a completion. Its completions read 0, send and receive
+/// side alike, while a CQ with only the wall-clock field is stamped (the raw time is what
+/// its wall-clock reading is worked out from).
+#[test]
+fn only_cqs_with_a_timestamp_field_are_stamped() {
+    let device = default_device();
+    for (flags, stamped) in [
+        (WcExFlags::empty(), false),
+        (WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK, true),
+    ] {
+        let p = pair_with(&device, QpType::Rc, flags);
+        let mr = p.pd.alloc_mr(64, ALL_REMOTE).unwrap();
+        p.b.post_recv([RecvWr::new(1, &[mr.sge(32..64)])]).unwrap();
+        p.a.post_send([SendWr::new(2, SendOp::Send, &[mr.sge(0..8)]).flags(SendFlags::SIGNALED)])
+            .unwrap();
+        let (send, recv) = (poll_one(&p.cq_a), poll_one(&p.cq_b));
+        assert!(send.is_ok() && recv.is_ok(), "{send:?} {recv:?}");
+        assert_eq!(
+            (send.timestamp() != 0, recv.timestamp() != 0),
+            (stamped, stamped),
+            "{flags:?}"
+        );
+    }
+    let classic = ctx_on(&device).create_cq(4, None).unwrap();
+    assert!(
+        !classic.wc_flags().intersects(
+            WcExFlags::COMPLETION_TIMESTAMP | WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK
+        )
+    );
 }
 
 #[test]

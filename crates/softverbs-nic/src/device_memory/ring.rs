@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 const MAGIC: u32 = 0x5249_4e47; // "RING"
 /// 2: sequence words are stored relative to their slot's index (all zero = an empty ring).
-const VERSION: u32 = 2;
+/// 3: a CQ ring's header says whether producers stamp completions (`cq::W_STAMP`).
+const VERSION: u32 = 3;
 const HEAD: usize = 64;
 const TAIL: usize = 128;
 const SLOTS: usize = 192;

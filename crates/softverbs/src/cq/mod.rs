@@ -97,7 +97,12 @@ impl WorkCompletion {
     pub fn dlid_path_bits(&self) -> u8 {
         self.0.dlid_path_bits
     }
-    /// Raw device-clock value when the completion happened.
+    /// Raw device-clock value when the completion happened, in a CQ created with
+    /// [`COMPLETION_TIMESTAMP`](crate::WcExFlags::COMPLETION_TIMESTAMP) or
+    /// [`COMPLETION_TIMESTAMP_WALLCLOCK`](crate::WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK)
+    /// ([`Context::create_cq_ex`](crate::Context::create_cq_ex)); 0 in any other CQ, as in
+    /// verbs, where only such a CQ has the field. Reading the clock is the costliest step of
+    /// a completion, so CQs that do not ask for the time do not pay for it.
     #[inline]
     pub fn timestamp(&self) -> u64 {
         self.0.timestamp

@@ -282,11 +282,10 @@ impl RemoteQp {
         }
     }
 
-    /// Pushes `cqe` into `cq`, ringing `chan` as the owner asked, stamping the time; a lost
-    /// completion is fatal to the QP.
-    fn push_into(&self, cq: &Ring, chan: Option<&OwnedFd>, mut cqe: Cqe) {
-        cqe.timestamp = self.clock.now_raw();
-        match push_ring(cq, &cqe) {
+    /// Pushes `cqe` into `cq`, ringing `chan` as the owner asked (stamping the time if the CQ
+    /// wants it); a lost completion is fatal to the QP.
+    fn push_into(&self, cq: &Ring, chan: Option<&OwnedFd>, cqe: Cqe) {
+        match push_ring(cq, cqe, &self.clock) {
             Pushed::Queued { notify } => {
                 if notify && let Some(ch) = chan {
                     ring_fd(ch.as_fd());
