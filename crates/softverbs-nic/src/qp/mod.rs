@@ -13,7 +13,6 @@ pub(crate) mod requester;
 pub(crate) mod responder;
 pub mod rq;
 mod send;
-mod send_lock;
 mod state;
 pub mod wr;
 pub mod xrc;
@@ -32,13 +31,13 @@ use crate::device_memory::segment::{Head, Segment};
 use crate::error::{Error, Result, inval};
 use crate::pd::Pd;
 use crate::qp::rq::{RecvQueue, RecvWqe, Srq};
+use crate::sync::biased_lock::BiasedLock;
 use crate::types::{
     AccessFlags, AsyncEventType, QpAttrMask as M, QpState, QpType, Sge, WcStatus, rnr_timer_micros,
 };
 use context::{DESTROYED, QpCtx};
 use request::{Deliver, Offload};
 use send::seq_before;
-use send_lock::SendLock;
 use state::{apply, transition};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -70,7 +69,7 @@ pub struct Qp {
     /// Set when a transport executes this QP's requests (a networked device's engine);
     /// boxed, so that telling whether it is set reads a line the request reads anyway.
     pub(crate) offload: Option<Box<<Qp as Deliver>::Offloaded>>,
-    send: SendLock<SendState>,
+    send: BiasedLock<SendState>,
     pub(crate) send_cq: Arc<Cq>,
     events: Arc<AsyncQueue>,
     pub(crate) recv_cq: Arc<Cq>,
@@ -231,7 +230,7 @@ impl Qp {
             sq_sig_all: init.sq_sig_all,
             ctx: Head::new(ctx),
             _listing: listing,
-            send: SendLock::new(SendState {
+            send: BiasedLock::new(SendState {
                 attr: QpAttr {
                     cap,
                     path_mtu: dev.config.active_mtu,

@@ -10,11 +10,11 @@
 use super::Qp;
 use super::attr::QpAttr;
 use super::request::{Deliver, Offload};
-use super::send_lock::SendGuard;
 use crate::cq::Cqe;
 use crate::device::Device;
 use crate::error::{Error, Result, inval};
 use crate::qp::wr::{Payload, SendWqe};
+use crate::sync::biased_lock::BiasedGuard;
 use crate::types::{AsyncEventType, QpState, QpType, SendFlags, WcStatus, ack_timeout};
 use std::collections::VecDeque;
 use std::sync::Weak;
@@ -190,7 +190,7 @@ impl Qp {
     }
 
     /// The send lock, for posting: the connected peer's lines are fetched meanwhile.
-    fn lock_send(&self) -> SendGuard<'_, SendState> {
+    fn lock_send(&self) -> BiasedGuard<'_, SendState> {
         // The QP's own state word, read right after: over many QPs it is a miss, which then
         // overlaps the lock instead of following it.
         crate::device_memory::prefetch::read(&self.ctx().state);

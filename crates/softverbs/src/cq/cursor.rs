@@ -3,7 +3,6 @@
 
 use super::{CompletionQueue, WorkCompletion};
 use crate::{Error, Result, WcExFlags, WcFlags, WcOpcode, WcStatus};
-use softverbs_nic::clock::WallClock;
 use softverbs_nic::cq::{Cqe, Cursor as NicCursor};
 
 /// A polling section: it holds one completion, read where it lies in the CQ ring, until
@@ -30,9 +29,8 @@ use softverbs_nic::cq::{Cqe, Cursor as NicCursor};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Cursor<'a> {
+    /// Alone: see the NIC cursor's `wall` for why nothing is added beside it.
     inner: NicCursor<'a>,
-    flags: WcExFlags,
-    wall: Option<WallClock>,
 }
 
 impl CompletionQueue {
@@ -40,12 +38,12 @@ impl CompletionQueue {
     /// is empty.
     #[inline(always)]
     pub fn start_poll(&self) -> Option<Cursor<'_>> {
-        let inner = self.inner.start_poll()?;
-        let flags = self.inner.wc_flags();
-        let wall = flags
-            .contains(WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK)
-            .then(|| self.inner.clock().wall());
-        Some(Cursor { inner, flags, wall })
+        let wall = self
+            .inner
+            .wc_flags()
+            .contains(WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK);
+        let inner = self.inner.start_poll(wall)?;
+        Some(Cursor { inner })
     }
 
     /// This CQ with its field set `F` (a union of [`fields`] constants) in the type, for
@@ -71,7 +69,7 @@ impl Cursor<'_> {
 
     #[inline]
     fn field<T>(&self, flag: WcExFlags, v: impl FnOnce(&Cqe) -> T) -> Option<T> {
-        self.flags.contains(flag).then(|| v(self.cqe()))
+        self.inner.wc_flags().contains(flag).then(|| v(self.cqe()))
     }
 
     /// `ibv_next_poll`: moves to the next completion; false (`ENOENT`) when there is none, in
@@ -175,8 +173,9 @@ impl Cursor<'_> {
     /// `ibv_wc_read_completion_wallclock_ns`.
     #[inline]
     pub fn completion_wallclock_ns(&self) -> Option<u64> {
-        let wall = self.wall.as_ref()?;
-        Some(wall.ns(self.cqe().timestamp))
+        self.field(WcExFlags::COMPLETION_TIMESTAMP_WALLCLOCK, |c| {
+            self.inner.wall().ns(c.timestamp)
+        })
     }
 
     /// The whole completion, as [`CompletionQueue::poll`] returns it.
@@ -219,14 +218,10 @@ impl<const F: u64> TypedCompletionQueue<F> {
     /// `ibv_start_poll` for a typed cursor; `None` when the CQ is empty.
     #[inline(always)]
     pub fn start_poll(&self) -> Option<TypedCursor<'_, F>> {
-        let inner = self.cq.inner.start_poll()?;
         // Decided at compile time: a field set without the wall clock pays nothing for it.
-        let wall = if F & fields::COMPLETION_TIMESTAMP_WALLCLOCK != 0 {
-            self.cq.inner.clock().wall()
-        } else {
-            WallClock::default()
-        };
-        Some(TypedCursor { inner, wall })
+        let wall = F & fields::COMPLETION_TIMESTAMP_WALLCLOCK != 0;
+        let inner = self.cq.inner.start_poll(wall)?;
+        Some(TypedCursor { inner })
     }
 }
 
@@ -263,9 +258,8 @@ impl<const F: u64> TypedCompletionQueue<F> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct TypedCursor<'a, const F: u64> {
+    /// Alone, as in [`Cursor`].
     inner: NicCursor<'a>,
-    /// Read only when `F` has the wall clock.
-    wall: WallClock,
 }
 
 /// A reader of field `$flag`, refused at compile time when `F` lacks it.
@@ -377,6 +371,6 @@ impl<const F: u64> TypedCursor<'_, F> {
                 "the typed CQ's field set lacks fields::COMPLETION_TIMESTAMP_WALLCLOCK"
             )
         };
-        self.wall.ns(self.inner.cqe().timestamp)
+        self.inner.wall().ns(self.inner.cqe().timestamp)
     }
 }

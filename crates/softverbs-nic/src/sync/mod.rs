@@ -4,6 +4,8 @@
 //! frequent one (every request) then leaves out, and whether a process that holds shared
 //! state is still there.
 
+pub(crate) mod biased_lock;
+
 use rustix::thread::{MembarrierCommand, membarrier, membarrier_query};
 use std::sync::atomic::{AtomicU32, Ordering};
 

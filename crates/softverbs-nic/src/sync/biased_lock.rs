@@ -1,45 +1,47 @@
-//! The send lock: a QP's posting state, taken by every post and by the device's progress
-//! thread.
+//! A lock over a value whose release is a plain store and which the thread it is *biased* to
+//! takes with plain stores alone: a QP's send lock (taken by every post, and by the device's
+//! progress thread) and a CQ's consumer lock (taken by every poll and polling section).
 //!
 //! A `std::sync::Mutex` releases with an exchange (a locked instruction, which waits for the
 //! stores before it to drain: after a request's copy into a peer's memory, that is the wait
 //! for the peer's lines) because it must learn whether to wake a sleeper. This lock has no
 //! sleepers: a contender spins briefly, then yields (the lock is held for one request's
-//! execution), so the release is a plain store.
+//! execution, or one poll), so the release is a plain store.
 //!
-//! Nearly every QP is posted to by one thread, and the compare-and-swap that takes the lock
-//! was then the last locked instruction of a request (an experiment without it: WRITE rate
-//! 22.3 -> 24.3 M msg/s). So the lock is *biased* to the first thread that posts: that
-//! thread takes it with plain stores (it marks itself inside, then checks that no other
-//! thread is asking for the lock). Another thread takes `held` (the compare-and-swap), marks
-//! that it is asking, has the kernel run a memory barrier on every thread of the process
-//! (`membarrier(2)`, private expedited) and waits for the owner to be outside. The barrier
-//! orders the owner's mark before its check as a fence in the owner would: either the asker
-//! sees the owner inside, or the owner sees the asking and waits for `held`.
+//! Nearly every QP is posted to, and every CQ polled, by one thread, and the
+//! compare-and-swap that takes the lock was then the last locked instruction of a request (an
+//! experiment without it: WRITE rate 22.3 -> 24.3 M msg/s). So the lock is *biased* to the
+//! first thread that takes it with [`BiasedLock::lock`]: that thread takes it with plain
+//! stores (it marks itself inside, then checks that no other thread is asking for the lock).
+//! Another thread takes `held` (the compare-and-swap), marks that it is asking, has the kernel
+//! run a memory barrier on every thread of the process (`membarrier(2)`, private expedited)
+//! and waits for the owner to be outside. The barrier orders the owner's mark before its check
+//! as a fence in the owner would: either the asker sees the owner inside, or the owner sees
+//! the asking and waits for `held`.
 //!
-//! A second thread that posts ends the bias for good (the QP is shared; a barrier per post
-//! would cost microseconds). The QP's other users ([`SendLock::lock_aside`]: the device's
-//! progress thread retrying sends after an RNR wait, modify, query, a deregistration's
-//! quiesce) only borrow it: they clear their mark as they let go, and the bias holds again
-//! (the progress thread once took SEND's gain away for good that way); after
-//! [`BORROWS_AT_MOST`] of them it ends too. Where the kernel has no such barrier the lock is
-//! never biased.
+//! A second thread that takes the lock with [`BiasedLock::lock`] ends the bias for good (the
+//! QP or CQ is shared; a barrier per post would cost microseconds). The other users
+//! ([`BiasedLock::lock_aside`]: the device's progress thread retrying sends after an RNR wait,
+//! modify, query, a deregistration's quiesce, a CQ's resize) only borrow it: they clear their
+//! mark as they let go, and the bias holds again (the progress thread once took SEND's gain
+//! away for good that way); after [`BORROWS_AT_MOST`] of them it ends too. Where the kernel
+//! has no such barrier the lock is never biased.
 
 use crate::sync::{self, Reach, thread_token};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering, compiler_fence};
 
-/// [`SendLock::biased_to`] before the first post.
+/// [`BiasedLock::biased_to`] before the first user.
 const UNCLAIMED: usize = 0;
-/// [`SendLock::biased_to`] once the bias ended, or where it cannot be had.
+/// [`BiasedLock::biased_to`] once the bias ended, or where it cannot be had.
 const UNBIASED: usize = 1;
-/// Times the biased owner may be asked out by [`SendLock::lock_aside`] before the bias ends.
+/// Times the biased owner may be asked out by [`BiasedLock::lock_aside`] before the bias ends.
 const BORROWS_AT_MOST: u32 = 1024;
 
 /// A lock over `T` whose release is a store, taken with stores alone by the thread it is
 /// biased to.
-pub(crate) struct SendLock<T> {
+pub(crate) struct BiasedLock<T> {
     /// The lock of every thread but the biased one (and of that one while it is asked out).
     held: AtomicBool,
     /// The thread the lock is biased to ([`thread_token`]), or [`UNCLAIMED`], or
@@ -59,11 +61,11 @@ pub(crate) struct SendLock<T> {
 // (an acquiring compare-and-swap, a releasing store), whose holder, if the lock is biased to
 // another thread, set `asking` and saw `owner_in` clear after the barrier (see the module).
 // The bias is claimed holding `held`, so no holder of `held` finds it claimed under it.
-unsafe impl<T: Send> Sync for SendLock<T> {}
+unsafe impl<T: Send> Sync for BiasedLock<T> {}
 
-impl<T> SendLock<T> {
-    pub(crate) fn new(value: T) -> SendLock<T> {
-        SendLock {
+impl<T> BiasedLock<T> {
+    pub(crate) fn new(value: T) -> BiasedLock<T> {
+        BiasedLock {
             held: AtomicBool::new(false),
             biased_to: AtomicUsize::new(UNCLAIMED),
             owner_in: AtomicBool::new(false),
@@ -73,27 +75,29 @@ impl<T> SendLock<T> {
         }
     }
 
-    /// Takes the lock to post, waiting for it; the first thread that posts gets the bias.
+    /// Takes the lock as one of its users (a post, a poll), waiting for it; the first thread
+    /// that takes it so gets the bias, a second ends it.
     #[inline]
-    pub(crate) fn lock(&self) -> SendGuard<'_, T> {
+    pub(crate) fn lock(&self) -> BiasedGuard<'_, T> {
         match self.biased() {
             Some(g) => g,
             None => self.lock_slow(true),
         }
     }
 
-    /// Takes the lock for anything but posting, waiting for it: borrowed from the biased
-    /// thread, if another, without ending its bias.
-    pub(crate) fn lock_aside(&self) -> SendGuard<'_, T> {
+    /// Takes the lock for anything but its users' work, waiting for it: borrowed from the
+    /// biased thread, if another, without ending its bias.
+    pub(crate) fn lock_aside(&self) -> BiasedGuard<'_, T> {
         match self.biased() {
             Some(g) => g,
             None => self.lock_slow(false),
         }
     }
 
-    /// The lock through the bias, if it is the calling thread's and nobody asks for it.
+    /// The lock through the bias, if it is the calling thread's and nobody asks for it (and
+    /// the thread is not inside already): never waits.
     #[inline(always)]
-    fn biased(&self) -> Option<SendGuard<'_, T>> {
+    pub(crate) fn biased(&self) -> Option<BiasedGuard<'_, T>> {
         // A thread already inside that locks again is not let in twice: the other path
         // waits for ever, as any lock taken again by its holder does.
         if self.biased_to.load(Ordering::Relaxed) != thread_token()
@@ -106,7 +110,7 @@ impl<T> SendLock<T> {
         // reordering is what the asker's barrier undoes.
         compiler_fence(Ordering::SeqCst);
         if !self.asking.load(Ordering::Relaxed) {
-            return Some(SendGuard {
+            return Some(BiasedGuard {
                 lock: self,
                 how: Held::Biased,
             });
@@ -119,7 +123,7 @@ impl<T> SendLock<T> {
     /// owner ends it, anything else borrows it.
     #[cold]
     #[inline(never)]
-    fn lock_slow(&self, posting: bool) -> SendGuard<'_, T> {
+    fn lock_slow(&self, posting: bool) -> BiasedGuard<'_, T> {
         if self
             .held
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -161,7 +165,7 @@ impl<T> SendLock<T> {
                 }
             }
         };
-        SendGuard { lock: self, how }
+        BiasedGuard { lock: self, how }
     }
 
     fn wait_owner_out(&self) {
@@ -209,12 +213,12 @@ enum Held {
 }
 
 /// The lock held; released when dropped.
-pub(crate) struct SendGuard<'a, T> {
-    lock: &'a SendLock<T>,
+pub(crate) struct BiasedGuard<'a, T> {
+    lock: &'a BiasedLock<T>,
     how: Held,
 }
 
-impl<T> Deref for SendGuard<'_, T> {
+impl<T> Deref for BiasedGuard<'_, T> {
     type Target = T;
     #[inline]
     fn deref(&self) -> &T {
@@ -223,7 +227,7 @@ impl<T> Deref for SendGuard<'_, T> {
     }
 }
 
-impl<T> DerefMut for SendGuard<'_, T> {
+impl<T> DerefMut for BiasedGuard<'_, T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: this guard holds the lock and is borrowed mutably: the only access.
@@ -231,7 +235,7 @@ impl<T> DerefMut for SendGuard<'_, T> {
     }
 }
 
-impl<T> Drop for SendGuard<'_, T> {
+impl<T> Drop for BiasedGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
         match self.how {
@@ -261,7 +265,7 @@ mod tests {
     /// the bias ends at once) or borrow it (until it ends after `BORROWS_AT_MOST`).
     fn turns_lose_no_update(aside: bool) {
         const EACH: u64 = 200_000;
-        let lock = Arc::new(SendLock::new((0u64, 0u64)));
+        let lock = Arc::new(BiasedLock::new((0u64, 0u64)));
         let threads: Vec<_> = (0..3)
             .map(|t| {
                 let lock = lock.clone();
@@ -311,7 +315,7 @@ mod tests {
         if skip_without_barrier() {
             return;
         }
-        let lock = Arc::new(SendLock::new(0u64));
+        let lock = Arc::new(BiasedLock::new(0u64));
         assert_eq!(lock.lock_aside().how, Held::Unbiased, "claimed by no post");
         let g = lock.lock();
         assert_eq!(g.how, Held::Owner, "the first post claims the bias");
@@ -350,7 +354,7 @@ mod tests {
         if skip_without_barrier() {
             return;
         }
-        let lock = SendLock::new(0u32);
+        let lock = BiasedLock::new(0u32);
         drop(lock.lock());
         assert_eq!(lock.lock().how, Held::Biased);
         std::thread::scope(|s| {
@@ -366,7 +370,7 @@ mod tests {
         if skip_without_barrier() {
             return;
         }
-        let lock = SendLock::new(0u32);
+        let lock = BiasedLock::new(0u32);
         *lock.lock() += 1;
         std::thread::scope(|s| {
             s.spawn(|| {
