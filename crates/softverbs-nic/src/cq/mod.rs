@@ -672,11 +672,7 @@ impl Cq {
     /// `poll_ex` of seed 000: writes up to `max` completions as compact records
     /// ([`Layout`]) into `buf`, back to back; returns how many. `buf` shorter than `max`
     /// records limits `max`.
-    ///
-    /// Never inlined: whole-program release builds inlined its fifteen loops into each caller,
-    /// which made compact polls 10-20% slower (`perf cq-poll`, 0 of 8 cases within 1.10x of
-    /// classic; 2 of 8 out of line).
-    #[inline(never)]
+    #[inline]
     pub fn poll_compact(&self, buf: &mut [u8], max: usize) -> usize {
         let size = self.layout.size();
         // Divisions cost as much as a completion's worth of work on a 16-completion poll, so
