@@ -274,7 +274,8 @@ pub struct Cq {
     /// compare-and-swap against other consumers. Biased to the first thread that polls, which
     /// takes and releases it with plain stores too (`std::sync::Mutex` cost a polling section
     /// a compare-and-swap and an exchange: `perf cq-poll`'s cursor read 1.10-1.14x of classic
-    /// poll at 16 completions a section, 1.00-1.04x with the bias). A resize takes it before `ring`'s write lock
+    /// poll at 16 completions a section, 1.00-1.04x with the bias). A resize takes it aside,
+    /// without ending the bias, before `ring`'s write lock
     /// and replaces both. The rings live in `Arc`s, so a polling cursor can keep the one it
     /// reads in place at a fixed address while it holds the guard.
     consumer: BiasedLock<Rings>,
